@@ -1,0 +1,321 @@
+"""Load math problems from local files, folders or the Hugging Face Hub, whatever upstream schema they were saved in.
+
+The schema is detected from a row's columns, so a user points `load_problems` at a file and gets raw problems and gold
+answers back: DAPO-Math-17k (original verl parquet, open-r1's processed copy, slime's jsonl), AIME 2024/2025 in their
+common copies, MATH-500, and `Problem.to_dict()` rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from retool_env.data.problem import Problem
+from retool_env.data.text import find_control_chars, repair_control_chars, strip_dapo_template
+
+DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
+SPLIT_NAMES = ("train", "test", "validation", "valid", "val", "dev", "eval")
+
+
+@dataclass(frozen=True)
+class HubDataset:
+    """A dataset known by a short name: where it lives on the Hub and what a local copy is usually called."""
+
+    title: str
+    hub_id: str
+    split: str
+    config: str | None = None
+    local_name: str = "data.parquet"
+
+
+HUB_DATASETS: dict[str, HubDataset] = {
+    "dapo": HubDataset("DAPO-Math-17k", "BytedTsinghua-SIA/DAPO-Math-17k", "train", local_name="dapo-math-17k.parquet"),
+    "dapo-processed": HubDataset("DAPO-Math-17k-Processed", "open-r1/DAPO-Math-17k-Processed", "train", config="all",
+                                 local_name="dapo-math-17k-processed.parquet"),
+    "aime24": HubDataset("AIME 2024", "Maxwell-Jia/AIME_2024", "train", local_name="aime_2024_problems.parquet"),
+    "aime25": HubDataset("AIME 2025", "yentinglin/aime_2025", "train", local_name="aime_2025.jsonl"),
+    "math500": HubDataset("MATH-500", "HuggingFaceH4/MATH-500", "test", local_name="math500_test.jsonl"),
+}
+
+
+class DatasetUnavailableError(ConnectionError):
+    """A Hub dataset could not be reached (offline machine, no cached copy); the message says how to load it locally."""
+
+
+def load_problems(source: str | os.PathLike[str], split: str | None = None, limit: int | None = None, *,
+                  repair_control_chars: bool = False) -> list[Problem]:
+    """Problems from a local file or folder, a short name ("dapo", "aime24", "aime25", "math500", "arith") or a Hub id.
+
+    `split` picks the Hub split or, in a folder whose file names carry split names, those files; a single file (or a
+    folder without split names) is one split, whatever `split` says. DAPO-style data is deduplicated by problem text
+    (the original file repeats each problem 100 times), keeping the first occurrence, and `limit` counts problems after
+    deduplication. Questions with control characters (a LaTeX backslash lost to a Python escape, such as a form feed
+    for `\\f` in `\\frac`) are reported with `warnings.warn`, or repaired with `repair_control_chars=True`.
+    """
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be None or >= 0, got {limit}")
+    name = os.fspath(source)
+    if name == "arith":
+        from retool_env.data.arith import arith_split
+
+        return arith_split(split or "train", limit)
+    path = Path(name).expanduser()
+    if path.exists():
+        rows, hint = local_rows(path, split), _source_from_text("/".join(path.resolve().parts[-2:])) or path.stem
+    elif name in HUB_DATASETS:
+        rows, hint = hub_rows(HUB_DATASETS[name], split), name
+    elif re.fullmatch(r"[\w.-]+/[\w.-]+", name):
+        known = HubDataset(name, name, "train", local_name=name.split("/")[-1] + ".parquet")
+        rows, hint = hub_rows(known, split), _source_from_text(name) or name
+    else:
+        raise FileNotFoundError(f"{name!r} is not a file, a folder, or a known dataset "
+                                f"({', '.join(['arith', *HUB_DATASETS])}, or a Hub id like 'owner/name')")
+    return _to_problems(rows, hint, limit, repair_control_chars)
+
+
+def _to_problems(rows: Iterable[dict[str, Any]], hint: str, limit: int | None, repair: bool) -> list[Problem]:
+    problems: list[Problem] = []
+    seen: set[str] = set()
+    for row in rows:
+        if limit is not None and len(problems) >= limit:
+            break
+        schema = detect_schema(row)  # per row: a folder may mix files of different schemas
+        problem = schema.convert(row, hint)
+        if schema.dedupe:
+            if problem.question in seen:
+                continue
+            seen.add(problem.question)
+        problems.append(_check_control_chars(problem, len(problems), repair))
+    return problems
+
+
+def _check_control_chars(problem: Problem, index: int, repair: bool) -> Problem:
+    if not find_control_chars(problem.question):
+        return problem
+    if repair:
+        fixed = repair_control_chars(problem.question)
+        problem = Problem(fixed, problem.answer, problem.id, problem.source, problem.level,
+                          {**problem.metadata, "repaired_control_chars": True})
+    bad = find_control_chars(problem.question)
+    if bad:
+        at = min(problem.question.find(c) for c in bad)
+        excerpt = problem.question[max(0, at - 20):at + 20]
+        warnings.warn(f"{problem.source} problem {index} (id {problem.id!r}): question contains control characters "
+                      f"{bad} near {excerpt!r}, likely a LaTeX backslash lost to a Python escape (form feed + 'rac' "
+                      f"for '\\frac'); pass repair_control_chars=True or use a clean copy", stacklevel=4)
+    return problem
+
+
+# --- schemas -----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Schema:
+    """One upstream on-disk layout: which columns identify it and how a row becomes a `Problem`."""
+
+    name: str
+    matches: Callable[[dict[str, Any]], bool]
+    convert: Callable[[dict[str, Any], str], Problem]
+    dedupe: bool = False
+
+
+def question_id(question: str) -> str:
+    """A stable id for a dataset without one: a hash of the problem text."""
+    return hashlib.sha256(question.encode()).hexdigest()[:16]
+
+
+def _answer(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return str(value).strip()
+
+
+def _source_from_text(text: str) -> str | None:
+    """The short dataset name a path, Hub id, URL or `data_source` value points at, if any."""
+    text = text.lower()
+    for pattern, source in ((r"aime[\W_]*(?:20)?24|2024[\W_]*aime", "aime24"),
+                            (r"aime[\W_]*(?:20)?25|2025[\W_]*aime", "aime25"),
+                            (r"math[\W_]*500", "math500"), (r"dapo", "dapo")):
+        if re.search(pattern, text):
+            return source
+    return None
+
+
+def _verl(row: dict[str, Any], hint: str) -> Problem:
+    """verl's RL parquet (DAPO-Math-17k's original schema): `prompt` messages, `reward_model`, `extra_info`."""
+    extra = row.get("extra_info") or {}
+    question = extra.get("question") or strip_dapo_template(row["prompt"])
+    row_id = row.get("id", extra.get("index"))
+    source = _source_from_text(str(row.get("data_source", ""))) or hint
+    return Problem(question.strip(), _answer(row["reward_model"]["ground_truth"]),
+                   question_id(question) if row_id is None else str(row_id), source, None, {"schema": "verl"})
+
+
+def _open_r1(row: dict[str, Any], hint: str) -> Problem:
+    """open-r1/DAPO-Math-17k-Processed: the raw problem in `prompt`, the answer in `solution`."""
+    question = strip_dapo_template(row["prompt"])
+    index = (row.get("extra_info") or {}).get("index")
+    return Problem(question, _answer(row["solution"]), question_id(question) if index is None else str(index),
+                   _source_from_text(str(row.get("data_source", ""))) or hint, None, {"schema": "open-r1"})
+
+
+def _slime(row: dict[str, Any], hint: str) -> Problem:
+    """slime's jsonl: `prompt` (a templated string or message list) and `label`."""
+    question = strip_dapo_template(row["prompt"])
+    return Problem(question, _answer(row["label"]), question_id(question), hint, None, {"schema": "slime"})
+
+
+def _maxwell(row: dict[str, Any], hint: str) -> Problem:
+    """Maxwell-Jia/AIME_2024: `ID` like '2024-II-4', `Problem`, integer `Answer`."""
+    source = _source_from_text(f"aime{row['ID']}") or hint
+    return Problem(row["Problem"], _answer(row["Answer"]), str(row["ID"]), source, None, {"schema": "maxwell-jia"})
+
+
+def _math500(row: dict[str, Any], hint: str) -> Problem:
+    """HuggingFaceH4/MATH-500: `problem`, `answer`, `subject`, `level` (1-5), `unique_id`."""
+    return Problem(row["problem"], _answer(row["answer"]), row["unique_id"], "math500", str(row["level"]),
+                   {"schema": "math500", "subject": row.get("subject")})
+
+
+def _problem_answer(row: dict[str, Any], hint: str) -> Problem:
+    """`problem`/`answer` rows (AI-MO/H4 AIME with `id` and `url`, yentinglin's AIME 2025, harness copies)."""
+    question = row["problem"]
+    url = row.get("url") or ""
+    metadata = {"schema": "problem-answer", **({"url": url} if url else {})}
+    row_id = str(row["id"]) if row.get("id") is not None else question_id(question)
+    return Problem(question, _answer(row["answer"]), row_id, _source_from_text(url) or hint, None, metadata)
+
+
+def _question_answer(row: dict[str, Any], hint: str) -> Problem:
+    """`question`/`answer` rows, including `Problem.to_dict()` output and deepconf's AIME copies."""
+    question = row["question"]
+    level = row.get("level")
+    return Problem(question, _answer(row["answer"]), str(row.get("id") or question_id(question)),
+                   row.get("source") or hint, None if level is None else str(level),
+                   dict(row.get("metadata") or {"schema": "question-answer"}))
+
+
+SCHEMAS: list[Schema] = [
+    Schema("verl", lambda r: {"prompt", "reward_model"} <= r.keys() and not isinstance(r["prompt"], str), _verl, True),
+    Schema("open-r1", lambda r: {"prompt", "solution"} <= r.keys() and isinstance(r["prompt"], str), _open_r1, True),
+    Schema("slime", lambda r: {"prompt", "label"} <= r.keys(), _slime, True),
+    Schema("maxwell-jia", lambda r: {"ID", "Problem", "Answer"} <= r.keys(), _maxwell),
+    Schema("math500", lambda r: {"problem", "answer", "unique_id", "level"} <= r.keys(), _math500),
+    Schema("problem-answer", lambda r: {"problem", "answer"} <= r.keys(), _problem_answer),
+    Schema("question-answer", lambda r: {"question", "answer"} <= r.keys(), _question_answer),
+]
+
+
+def detect_schema(row: dict[str, Any]) -> Schema:
+    """The first schema whose columns a row has; the order puts the most specific layouts first."""
+    for schema in SCHEMAS:
+        if schema.matches(row):
+            return schema
+    raise ValueError(f"unrecognised dataset schema with columns {sorted(row)}; expected one of: "
+                     "verl (prompt, reward_model), open-r1 (prompt, solution), slime (prompt, label), "
+                     "ID/Problem/Answer, problem/answer, question/answer")
+
+
+# --- row sources ---------------------------------------------------------------------------------------------------
+
+
+def local_rows(path: Path, split: str | None) -> Iterator[dict[str, Any]]:
+    """Rows of a data file, or of every data file in a folder (those whose path names `split`, if given)."""
+    files = [path] if path.is_file() else _data_files(path, split)
+    seen_prompts: set[str] = set()
+    for file in files:
+        yield from read_rows(file, seen_prompts)
+
+
+def _split_token(split: str) -> re.Pattern[str]:
+    return re.compile(rf"(?:^|[/_.-]){re.escape(split)}(?:[/_.-]|$)")
+
+
+def _data_files(folder: Path, split: str | None) -> list[Path]:
+    files = sorted(p for p in folder.rglob("*") if p.suffix in DATA_SUFFIXES and p.is_file()
+                   and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+    names = [p.relative_to(folder).as_posix() for p in files]
+    # Files named after splits (train-00000-of-00001.parquet, test.jsonl) are split by name; others form one split.
+    if split is not None and any(_split_token(s).search(n) for s in {*SPLIT_NAMES, split} for n in names):
+        files = [p for p, n in zip(files, names, strict=True) if _split_token(split).search(n)]
+    if not files:
+        wanted = f" for split {split!r}" if split else ""
+        raise FileNotFoundError(f"no {'/'.join(DATA_SUFFIXES)} files{wanted} under {folder}")
+    return files
+
+
+def read_rows(path: str | os.PathLike[str], seen_prompts: set[str] | None = None) -> Iterator[dict[str, Any]]:
+    """Rows of one .parquet, .jsonl or .json file as plain dicts, streamed.
+
+    Given `seen_prompts`, parquet rows whose `prompt` repeats one seen before are skipped before they become Python
+    objects: DAPO-Math-17k's 1.8M rows hold 17,917 problems, and converting every copy would take minutes.
+    """
+    path = Path(path)
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        yield from arrow_rows(pq.ParquetFile(path).iter_batches(batch_size=4096), seen_prompts)
+    elif path.suffix == ".jsonl":
+        with path.open(encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    yield json.loads(line)
+    elif path.suffix == ".json":
+        data = json.loads(path.read_text(encoding="utf-8"))
+        yield from data if isinstance(data, list) else [data]
+    else:
+        raise ValueError(f"unsupported data file {path} (expected {', '.join(DATA_SUFFIXES)})")
+
+
+def arrow_rows(batches: Iterable[Any], seen_prompts: set[str] | None = None) -> Iterator[dict[str, Any]]:
+    """Rows of Arrow record batches or tables, skipping repeated prompts (cheaply, in Arrow) when given a set."""
+    import pyarrow as pa
+
+    for batch in batches:
+        keys = _prompt_keys(batch) if seen_prompts is not None else None
+        if keys is not None:
+            fresh = []
+            for key in keys:
+                fresh.append(key not in seen_prompts)
+                seen_prompts.add(key)
+            batch = batch.filter(pa.array(fresh))
+        yield from batch.to_pylist()
+
+
+def _prompt_keys(batch: Any) -> list[str] | None:
+    """Each row's prompt text when `prompt` is a string or a one-message list; None for other layouts."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if "prompt" not in batch.schema.names:
+        return None
+    column = batch.column("prompt")
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        return column.to_pylist()
+    if (pa.types.is_list(column.type) and pa.types.is_struct(column.type.value_type)
+            and column.type.value_type.get_field_index("content") >= 0 and column.null_count == 0
+            and pc.all(pc.equal(pc.list_value_length(column), 1)).as_py()):
+        return pc.struct_field(pc.list_flatten(column), "content").to_pylist()
+    return None
+
+
+def hub_rows(known: HubDataset, split: str | None, loader: str = "load_problems") -> Iterator[dict[str, Any]]:
+    """Rows of a Hub dataset through `datasets` (imported here, so `import retool_env` stays light)."""
+    hint = f"pass a local copy: {loader}('path/to/{known.local_name}')"
+    try:
+        import datasets
+    except ImportError as exc:
+        raise ImportError(f"loading {known.title} from the Hub needs `pip install datasets`; or {hint}") from exc
+    try:
+        dataset = datasets.load_dataset(known.hub_id, known.config, split=split or known.split)
+    except (ConnectionError, OSError) as exc:
+        raise DatasetUnavailableError(f"{known.title} ({known.hub_id}) is not available offline; {hint} "
+                                      f"(set HF_HUB_OFFLINE=1 to fail fast without network retries)") from exc
+    yield from arrow_rows(dataset.with_format("arrow").iter(batch_size=4096), set())

@@ -1,0 +1,215 @@
+"""ReTool-SFT cold-start data: parse trajectories into neutral segments, render them per tool format with loss flags.
+
+ReTool-SFT stores each trajectory as one assistant string interleaving reasoning, `<code>` blocks, `<interpreter>`
+outputs and a final `<answer>`; verl's preprocessing turns it into tool-calling messages. Both parse into the same
+`Segment` list, and each renderer says which characters or messages are trained: interpreter output never is, since
+the model did not write it (the ReTool paper masks it from the loss).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, cast
+
+from retool_env.data.loaders import HubDataset, hub_rows, local_rows, question_id
+from retool_env.data.text import strip_retool_template
+
+SegmentKind = Literal["text", "code", "interpreter", "answer"]
+RETOOL_SFT = HubDataset("ReTool-SFT", "JoeYing/ReTool-SFT", "train", local_name="train_2000.parquet")
+TOOL_NAME = "code_interpreter"
+# The tool schema verl's retool recipe advertises (sandbox_fusion_tool_config.yaml).
+CODE_INTERPRETER_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": TOOL_NAME,
+        "description": "A tool for executing code.",
+        "parameters": {
+            "type": "object",
+            "properties": {"code": {"type": "string", "description": "The code to execute."}},
+            "required": ["code"],
+        },
+    },
+}
+
+_BLOCK = re.compile(r"<(code|interpreter|answer)>(.*?)</\1>", re.DOTALL)
+_FENCE = re.compile(r"\A\s*```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)\n?[ \t]*```\s*\Z", re.DOTALL | re.IGNORECASE)
+_LAST_BOXED = re.compile(r"\\boxed\{(?!.*\\boxed\{).*\Z", re.DOTALL)
+# How the paper's single assistant string lays out each model-written segment.
+_RETOOL_LAYOUT = {"text": "{}", "code": "<code>\n```python\n{}\n```\n</code>", "answer": "<answer>\n{}\n</answer>"}
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One piece of a trajectory: model text, model code, interpreter output (not the model's), or the final answer."""
+
+    kind: SegmentKind
+    content: str
+
+    @property
+    def trainable(self) -> bool:
+        return self.kind != "interpreter"
+
+
+@dataclass(frozen=True)
+class SFTExample:
+    """A parsed cold-start trajectory: the raw problem and the assistant's segments in order."""
+
+    question: str
+    segments: tuple[Segment, ...]
+    id: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "question": self.question,
+                "segments": [{"kind": s.kind, "content": s.content} for s in self.segments]}
+
+    @classmethod
+    def from_dict(cls, row: dict[str, Any]) -> SFTExample:
+        return cls(row["question"], tuple(Segment(s["kind"], s["content"]) for s in row["segments"]), row.get("id", ""))
+
+
+def strip_code_fences(code: str) -> str:
+    """The Python inside a ```python fenced block (ReTool wraps every `<code>` body in one); other code unchanged."""
+    match = _FENCE.match(code)
+    return (match.group(1) if match else code).strip("\n")
+
+
+def parse_assistant_text(text: str) -> list[Segment]:
+    """Segments of one ReTool assistant string: text between tags, `<code>`, `<interpreter>` and `<answer>` blocks."""
+    segments: list[Segment] = []
+    position = 0
+    for match in _BLOCK.finditer(text):
+        _append_text(segments, text[position:match.start()])
+        kind, body = cast(SegmentKind, match.group(1)), match.group(2)
+        segments.append(Segment(kind, strip_code_fences(body) if kind == "code" else body.strip()))
+        position = match.end()
+    _append_text(segments, text[position:])
+    return segments
+
+
+def _append_text(segments: list[Segment], text: str) -> None:
+    if text.strip():
+        segments.append(Segment("text", text.strip()))
+
+
+def _split_final_answer(text: str) -> list[Segment]:
+    """verl's final message lost its `<answer>` tags: the trailing last `\\boxed{...}` becomes the answer again."""
+    match = _LAST_BOXED.search(text)
+    segments: list[Segment] = []
+    _append_text(segments, text[:match.start()] if match else text)
+    return segments + ([Segment("answer", match.group().strip())] if match else [])
+
+
+def parse_retool_sft(row: dict[str, Any]) -> SFTExample:
+    """One ReTool-SFT row, raw (user + one assistant string) or verl-processed (tool-calling messages)."""
+    messages = list(row["messages"])
+    question = strip_retool_template(next(m["content"] for m in messages if m["role"] == "user"))
+    replies = [m for m in messages if m["role"] != "user" and m["role"] != "system"]
+    segments: list[Segment] = []
+    if len(replies) == 1 and not replies[0].get("tool_calls"):
+        segments = parse_assistant_text(replies[0]["content"] or "")
+    else:
+        for i, message in enumerate(replies):
+            content = message.get("content") or ""
+            if message["role"] == "tool":
+                segments.append(Segment("interpreter", content.strip()))
+                continue
+            calls = message.get("tool_calls") or []
+            if not calls and i == len(replies) - 1 and "<answer>" not in content:
+                segments += _split_final_answer(content)
+                continue
+            segments += parse_assistant_text(content)
+            segments += [Segment("code", strip_code_fences(_call_code(call))) for call in calls]
+    return SFTExample(question, tuple(segments), str(row.get("id") or question_id(question)))
+
+
+def _call_code(call: dict[str, Any]) -> str:
+    arguments = call["function"]["arguments"]
+    if isinstance(arguments, str):
+        arguments = json.loads(arguments)
+    return arguments["code"]
+
+
+def load_retool_sft(source: str | os.PathLike[str] = "JoeYing/ReTool-SFT",
+                    limit: int | None = None) -> list[SFTExample]:
+    """ReTool-SFT examples from a local .parquet, .jsonl or .json file or folder, or the Hub (offline: a local file)."""
+    path = Path(source).expanduser()
+    rows: Iterator[dict[str, Any]]
+    if path.exists():
+        rows = local_rows(path, None)
+    elif os.fspath(source) in (RETOOL_SFT.hub_id, "retool-sft"):
+        rows = hub_rows(RETOOL_SFT, None, "load_retool_sft")
+    else:
+        raise FileNotFoundError(f"{os.fspath(source)!r} is neither a local file or folder nor {RETOOL_SFT.hub_id!r}")
+    examples: list[SFTExample] = []
+    for row in rows:
+        if limit is not None and len(examples) >= limit:
+            break
+        examples.append(parse_retool_sft(row))
+    return examples
+
+
+# --- renderers ---------------------------------------------------------------------------------------------------
+
+
+def to_retool(example: SFTExample, prompt: str | None = None) -> dict[str, Any]:
+    """The paper's format: one assistant string, `chunks` in order with a `trainable` flag, and the untrained spans.
+
+    Interpreter output carries its surrounding newlines, `"\\n<interpreter>\\n...\\n</interpreter>\\n\\n"`, which is
+    exactly what the environment inserts after `</code>`, so the trained text is what the model generates there.
+    """
+    pieces: list[tuple[str, bool]] = []
+    for segment in example.segments:
+        if segment.kind == "interpreter":
+            pieces.append((f"\n<interpreter>\n{segment.content}\n</interpreter>\n\n", False))
+            continue
+        if pieces and pieces[-1][1]:  # blank line between model-written pieces
+            pieces[-1] = (pieces[-1][0] + "\n\n", True)
+        pieces.append((_RETOOL_LAYOUT[segment.kind].format(segment.content), True))
+    chunks: list[dict[str, Any]] = []
+    for text, trainable in pieces:
+        if chunks and chunks[-1]["trainable"] == trainable:
+            chunks[-1]["text"] += text
+        else:
+            chunks.append({"text": text, "trainable": trainable})
+    content, masked_spans, start = "", [], 0
+    for chunk in chunks:
+        content += chunk["text"]
+        if not chunk["trainable"]:
+            masked_spans.append((start, len(content)))
+        start = len(content)
+    messages = [{"role": "user", "content": prompt or example.question}, {"role": "assistant", "content": content}]
+    return {"messages": messages, "chunks": chunks, "masked_spans": masked_spans}
+
+
+def to_hermes(example: SFTExample, prompt: str | None = None) -> dict[str, Any]:
+    """OpenAI-style tool-calling messages (verl's layout) with `trainable` per message: assistant turns only."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": prompt or example.question}]
+    text: list[str] = []
+    for segment in example.segments:
+        if segment.kind == "code":
+            call = {"type": "function", "function": {"name": TOOL_NAME, "arguments": {"code": segment.content}}}
+            messages.append({"role": "assistant", "content": "\n\n".join(text), "tool_calls": [call]})
+            text = []
+        elif segment.kind == "interpreter":
+            messages.append({"role": "tool", "content": segment.content})
+        else:
+            text.append(segment.content)
+    if text:
+        messages.append({"role": "assistant", "content": "\n\n".join(text)})
+    return {"messages": messages, "tools": [CODE_INTERPRETER_TOOL],
+            "trainable": [m["role"] == "assistant" for m in messages]}
+
+
+SFT_FORMATS = {"retool": to_retool, "hermes": to_hermes}
+
+
+def render_sft(example: SFTExample, tool_format: str = "retool", prompt: str | None = None) -> dict[str, Any]:
+    """An SFT conversation in a tool format ("retool" or "hermes"); `prompt` replaces the raw question as user text."""
+    if tool_format not in SFT_FORMATS:
+        raise ValueError(f"unknown tool format {tool_format!r}; choose from {list(SFT_FORMATS)}")
+    return SFT_FORMATS[tool_format](example, prompt)
