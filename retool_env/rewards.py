@@ -1,0 +1,135 @@
+"""Reward schemes: a graded final answer plus the episode's statistics in, one float out.
+
+Built-in schemes (`REWARD_SCHEMES`, picked by name with `get_reward_fn`):
+
+- `retool`: +1 if correct; if wrong, `min(-0.6, -1 + 0.1 * k)` for k executed tool calls, so trying the interpreter
+  and still failing costs less than failing without it (-1.0, -0.9, ... -0.6 from k = 4 on).
+- `retool_slime`: slime's reading of the same code: +1 if correct, wrong `min(-0.6, -1 + 0.05 * (k - 2))`
+  (-1.1 with no tool call, -1.0 at k = 2, -0.6 from k = 10 on).
+- `paper`: the ReTool paper's +1 / -1.
+- `binary`: 1 / 0.
+
+Where the two recipes come from. verl's `recipe/retool` and slime's `examples/retool` share one line of shaping,
+`score = min(-0.6, score + (num_turns - 2) / 2 * 0.1)` for a wrong answer (score -1), but feed it different counts:
+
+- verl: `num_turns = user_turns + assistant_turns + 1` (the agent loop's count). With k tool rounds there are k + 1
+  assistant turns and k tool (user) turns, so num_turns = 2k + 2 and the bonus is exactly 0.1 * k: `retool`.
+- slime: `num_turns = sample.tool_call_count = k`, so the bonus is 0.05 * (k - 2): `retool_slime`.
+
+`EpisodeStats.num_tool_calls` is k in both; `num_turns` is carried for logging and custom schemes only.
+
+Options (keyword arguments to `get_reward_fn`, accepted by every built-in scheme):
+
+- `tool_call_cost`: subtracted once per executed tool call from every outcome, right or wrong, so calling the
+  interpreter for `7 * 8` earns a little less than answering directly: tool use becomes a decision.
+- `strict`: grade with verl's strict box verdict (`Grade.strict_correct`) instead of the real one, to reproduce
+  the verl recipe's rewards exactly for comparison runs.
+
+Custom schemes: any callable `(grade, episode_stats) -> float`, or a dotted path "package.module:function" (as TRL
+accepts reward functions), with keyword arguments bound by `get_reward_fn`.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from retool_env.grading import Grade
+
+__all__ = ["REWARD_SCHEMES", "EpisodeStats", "RewardFn", "get_reward_fn"]
+
+
+@dataclass(frozen=True)
+class EpisodeStats:
+    """What a reward scheme may know about the episode besides the verdict."""
+
+    num_tool_calls: int = 0  # tool calls the sandbox executed (k); malformed calls that never ran are not counted
+    num_turns: int = 0  # assistant turns the model generated
+    num_tool_errors: int = 0  # executed calls that raised, crashed or were refused
+    num_tool_timeouts: int = 0
+    truncated: bool = False  # the episode hit a token or turn budget before a final answer
+    finish_reason: str = ""
+
+
+RewardFn = Callable[[Grade, EpisodeStats], float]
+
+
+def _is_correct(grade: Grade, strict: bool) -> bool:
+    return grade.strict_correct if strict else grade.correct
+
+
+def retool_reward(grade: Grade, stats: EpisodeStats, *, tool_call_cost: float = 0.0, strict: bool = False) -> float:
+    """verl recipe/retool: +1, or `min(-0.6, -1 + 0.1 * k)` when wrong; minus `tool_call_cost * k`."""
+    k = stats.num_tool_calls
+    base = 1.0 if _is_correct(grade, strict) else min(-0.6, -1.0 + 0.1 * k)
+    return base - tool_call_cost * k
+
+
+def retool_slime_reward(
+    grade: Grade, stats: EpisodeStats, *, tool_call_cost: float = 0.0, strict: bool = False
+) -> float:
+    """slime examples/retool: +1, or `min(-0.6, -1 + (k - 2) / 2 * 0.1)` when wrong; minus `tool_call_cost * k`."""
+    k = stats.num_tool_calls
+    base = 1.0 if _is_correct(grade, strict) else min(-0.6, -1.0 + (k - 2) / 2 * 0.1)
+    return base - tool_call_cost * k
+
+
+def paper_reward(grade: Grade, stats: EpisodeStats, *, tool_call_cost: float = 0.0, strict: bool = False) -> float:
+    """The ReTool paper: +1 if correct, else -1 (no tool shaping); minus `tool_call_cost * k`."""
+    return (1.0 if _is_correct(grade, strict) else -1.0) - tool_call_cost * stats.num_tool_calls
+
+
+def binary_reward(grade: Grade, stats: EpisodeStats, *, tool_call_cost: float = 0.0, strict: bool = False) -> float:
+    """Accuracy as a reward: 1 if correct, else 0; minus `tool_call_cost * k`."""
+    return (1.0 if _is_correct(grade, strict) else 0.0) - tool_call_cost * stats.num_tool_calls
+
+
+REWARD_SCHEMES: dict[str, RewardFn] = {
+    "retool": retool_reward,
+    "retool_slime": retool_slime_reward,
+    "paper": paper_reward,
+    "binary": binary_reward,
+}
+
+
+def _import_callable(path: str) -> RewardFn:
+    module_name, _, attribute = path.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"cannot import reward function {path!r}: {exc}") from exc
+    if not callable(fn):
+        raise ValueError(f"reward function {path!r} is not callable")
+    return fn
+
+
+def get_reward_fn(scheme: str | RewardFn, **kwargs: object) -> RewardFn:
+    """A reward function from a scheme name, a "package.module:function" path or a callable, with `kwargs` bound.
+
+    Unknown names and options fail here, at construction, not on the first finished episode.
+    """
+    if callable(scheme):
+        fn = scheme
+    elif isinstance(scheme, str) and ":" in scheme:
+        fn = _import_callable(scheme)
+    elif isinstance(scheme, str) and scheme in REWARD_SCHEMES:
+        fn = REWARD_SCHEMES[scheme]
+    else:
+        valid = ", ".join(sorted(REWARD_SCHEMES))
+        raise ValueError(
+            f"unknown reward scheme {scheme!r}: use one of {valid}, a callable (grade, episode_stats) -> float, "
+            "or a dotted path 'package.module:function'"
+        )
+    if not kwargs:
+        return fn
+    try:
+        inspect.signature(fn).bind_partial(None, None, **kwargs)
+    except TypeError as exc:
+        name = getattr(fn, "__name__", repr(fn))
+        raise TypeError(f"reward scheme {name} does not take options {sorted(kwargs)}: {exc}") from exc
+    except ValueError:  # no signature available (some builtins): bind and let a call fail
+        pass
+    return functools.partial(fn, **kwargs)

@@ -1,0 +1,336 @@
+"""Grading: extraction, the equivalence table, verl's strict box check, MATH-500 golds, threads and event loops."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from retool_env import grading
+from retool_env.grading import (
+    Grade,
+    agrade,
+    extract_answer,
+    grade,
+    grading_stats,
+    is_equivalent,
+    strict_box_correct,
+)
+
+FIXTURES = Path(__file__).parent / "fixtures" / "grading"
+
+
+def _expand(value: str | list) -> str:
+    """Fixture strings may be written as [text, n] for text * n (the 50 KB hostile answer)."""
+    return value[0] * value[1] if isinstance(value, list) else value
+
+
+CASES = json.loads((FIXTURES / "cases.json").read_text())["cases"]
+MATH500 = json.loads((FIXTURES / "math500_answers.json").read_text())
+INTEGERS = json.loads((FIXTURES / "integer_answers.json").read_text())
+
+
+@pytest.fixture(autouse=True, scope="module")
+def warm_pool() -> None:
+    """Start every worker slot up front, so time limits below measure comparisons, not interpreter start-up."""
+    size = grading._default_pool_size()
+    with ThreadPoolExecutor(size) as pool:
+        list(pool.map(lambda n: is_equivalent(f"\\sqrt{{{n}}}", "x"), range(size)))
+
+
+# ------------------------------------------------------------------------------------------------ the case table
+def test_case_table_is_broad() -> None:
+    categories = {case["category"] for case in CASES}
+    assert len(CASES) >= 100
+    assert sum(not case["expected"] for case in CASES) >= 50
+    assert {
+        "dapo_integer",
+        "aime_padding",
+        "fraction",
+        "interval",
+        "tuple",
+        "text",
+        "matrix",
+        "pi",
+        "hostile",
+    } <= categories
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{i}-{c['category']}" for i, c in enumerate(CASES)])
+def test_case_table(case: dict) -> None:
+    pred, gold = _expand(case["pred"]), _expand(case["gold"])
+    timeout = 1.0 if case["category"] == "hostile" else grading.DEFAULT_TIMEOUT  # towers of powers time out
+    start = time.monotonic()
+    assert is_equivalent(pred, gold, timeout=timeout) is case["expected"], case.get("note", "")
+    assert time.monotonic() - start < timeout + 1.0
+
+
+def test_integer_answers_never_reach_math_verify() -> None:
+    """DAPO/AIME golds, right or wrong, are decided in-process in microseconds."""
+    before = grading_stats()
+    golds = INTEGERS["aime24"] + INTEGERS["aime25"] + INTEGERS["dapo"]
+    # The zero-padded copy lists problems in another order; the same 30 values sorted pair up.
+    for gold, padded in zip(
+        sorted(INTEGERS["aime24"], key=int), sorted(INTEGERS["aime24_zero_padded"], key=int), strict=True
+    ):
+        assert is_equivalent(padded, gold) and is_equivalent(gold, padded)
+    for gold in golds:
+        assert is_equivalent(f" {gold}.", gold)
+        assert not is_equivalent(str(int(gold) + 1), gold)
+    after = grading_stats()
+    assert after["math_verify_calls"] == before["math_verify_calls"]
+    assert after["fast_path"] - before["fast_path"] == 60 + 2 * len(golds)
+
+
+# ------------------------------------------------------------------------------------------------ extraction
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("so the answer is \\boxed{204}.", "204"),
+        ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
+        ("\\boxed{\\{1,2\\}}", "\\{1,2\\}"),
+        ("first \\boxed{1}, finally \\boxed{2}", "2"),
+        ("\\boxed{5} and then a truncated \\boxed{6", "5"),
+        ("<answer>\n\\boxed{'42'}\n</answer>", "'42'"),
+        ("<answer>\nThe answer is \\boxed{3}\n</answer> \\boxed{4} was wrong", "3"),
+        ("<answer>42</answer>", "42"),
+        ("The final answer is \\fbox{7}", "7"),
+        ("\\boxed {7}", "7"),
+        ("Answer: \\boxed{x=5}", "x=5"),
+        ("Answer: 34", "34"),
+        ("**Answer:** $34$", "34"),
+        ("Answer: $\\$18.90$", "\\$18.90"),
+        ("Answer: 34<|im_end|>", "34"),
+        ("no final answer here", None),
+        ("", None),
+        ("\\boxed{", None),
+        ("```python\nprint('\\\\boxed{42}')\n```\nDone.", None),
+        ("<code>\nx = '\\\\boxed{42}'\n</code> so I think", None),
+        ("<interpreter>\n\\boxed{42}\n</interpreter> I am not sure.", None),
+        ("```python\nprint(1)\n```\nSo \\boxed{41}.", "41"),
+    ],
+)
+def test_extract_answer(text: str, expected: str | None) -> None:
+    assert extract_answer(text) == expected
+
+
+HOSTILE_TEXT = [
+    "\\boxed{" * 8000,
+    "{" * 50_000 + "\\boxed{1}",
+    "x" * 50_000,
+    "Answer:" * 5000,
+    "Answer: " + "$" * 50_000 + "x",
+    "5 " + "a" * 40 + "!",  # exponential backtracking in a naive "number + unit words" pattern
+    "$" * 999 + "x",  # cubic backtracking in a naive "$...$" pattern
+    "$\\$" * 300,
+    "\\text{" * 300 + "}" * 300,
+]
+
+
+@pytest.mark.parametrize("text", HOSTILE_TEXT, ids=range(len(HOSTILE_TEXT)))
+def test_hostile_text_is_handled_in_linear_time(text: str) -> None:
+    """Model output runs these regexes in the trainer's process: a blow-up would stall training, not one call."""
+    start = time.perf_counter()
+    extract_answer(text)
+    extract_answer("\\boxed{" + text[:990] + "}")
+    grading.normalize_answer(text[:1000])
+    assert time.perf_counter() - start < 0.5
+
+
+# ------------------------------------------------------------------------------------------------ verl's strict box
+@pytest.mark.parametrize(
+    ("text", "gold", "expected"),
+    [
+        ("\\boxed{204}", "204", True),
+        ("\\boxed{ 204 }", "204", False),
+        ("\\boxed{204.}", "204", False),
+        ("\\boxed{\\text{204}}", "204", False),
+        ("\\boxed{x=204}", "204", False),
+        ("\\boxed{'204'}", "204", False),
+        ("\\boxed{\\frac12}", "\\frac{1}{2}", False),
+        ("\\boxed{204}" + " " * 94, "204", False),  # the box starts before the last 100 characters
+        ("\\boxed{204}" + " " * 89, "204", True),
+        ("\\boxed{1} then \\boxed{2", "1", False),  # verl takes the last "\boxed{" even when it is unclosed
+        ("no box", "[INVALID]", True),  # verl's placeholder compares equal to itself
+        ("\\fbox{204}", "204", False),
+        ("\\boxed{204}", 204, True),
+    ],
+)
+def test_strict_box_matches_verl(text: str, gold: str, expected: bool) -> None:
+    assert strict_box_correct(text, gold) is expected
+
+
+def test_grade_reports_strict_beside_real_verdict() -> None:
+    result = grade("Thus \\boxed{ 204 }.", "204")
+    assert (result.correct, result.strict_correct, result.pred, result.method) == (True, False, "204", "exact")
+    assert result.to_dict() == {
+        "correct": True,
+        "pred": "204",
+        "method": "exact",
+        "strict_correct": False,
+        "timed_out": False,
+    }
+    assert grade("I give up.", "204") == Grade(False, None, "none")
+    assert grade("\\boxed{\\sqrt{8}}", "2\\sqrt{2}").method == "math_verify"
+    assert grade("\\boxed{1/2}", "0.5").method == "numeric"
+
+
+def test_interpreter_output_never_earns_reward() -> None:
+    text = "<code>\n```python\nprint('\\\\boxed{42}')\n```\n</code>\n<interpreter>\n\\boxed{42}\n</interpreter>\nHmm."
+    assert not grade(text, "42").correct
+
+
+# ------------------------------------------------------------------------------------------------ MATH-500 golds
+def _bump_first_digit(answer: str) -> str | None:
+    digit = re.search(r"\d", answer)
+    if digit is None:
+        return None
+    i = digit.start()
+    return answer[:i] + str((int(answer[i]) + 1) % 10) + answer[i + 1 :]
+
+
+def test_math500_golds_against_themselves_and_rewritten() -> None:
+    assert len(MATH500) == 500
+    for gold in MATH500:
+        for text in (
+            f"The answer is $\\boxed{{{gold}}}$.",
+            f"<answer>\n\\boxed{{ {gold} }}\n</answer>",
+            f"so \\boxed{{{gold.replace(chr(92) + 'frac', chr(92) + 'dfrac')}}}",
+            f"Answer: ${gold}$",
+        ):
+            assert grade(text, gold).correct, (text, gold)
+
+
+def test_math500_golds_against_wrong_variants() -> None:
+    """No false positive when one digit of the gold changes (4210_6 vs 4210_5 included)."""
+    pairs = [(bumped, gold) for gold in MATH500 if (bumped := _bump_first_digit(gold)) is not None]
+    assert len(pairs) > 400
+    with ThreadPoolExecutor(4) as pool:
+        verdicts = list(pool.map(lambda pair: is_equivalent(*pair), pairs))
+    assert [pair for pair, verdict in zip(pairs, verdicts, strict=True) if verdict] == []
+
+
+# ------------------------------------------------------------------------------------------------ concurrency
+MIXED = [
+    ("\\boxed{204}", "204", True),
+    ("\\boxed{205}", "204", False),
+    ("\\boxed{\\sqrt{8}}", "2\\sqrt{2}", True),
+    ("\\boxed{(2,1)}", "(1,2)", False),
+    ("\\boxed{[1,3)}", "[1, 3)", True),
+    ("\\boxed{x^2+1}", "(x+1)^2", False),
+]
+
+
+def test_grade_from_threads() -> None:
+    """math-verify's signal timeouts fail off the main thread; the pool must give the same verdicts there."""
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda case: grade(case[0], case[1]).correct, MIXED * 4))
+    assert results == [expected for _, _, expected in MIXED * 4]
+    assert threading.current_thread() is threading.main_thread()
+
+
+def test_grade_from_event_loop() -> None:
+    async def main() -> tuple[list[bool], bool]:
+        concurrent = await asyncio.gather(*(agrade(text, gold) for text, gold, _ in MIXED))
+        blocking = grade(*MIXED[2][:2])  # a blocking call inside a running loop is allowed too
+        return [g.correct for g in concurrent], blocking.correct
+
+    concurrent, blocking = asyncio.run(main())
+    assert concurrent == [expected for _, _, expected in MIXED]
+    assert blocking
+
+
+def test_agrade_does_not_block_the_loop() -> None:
+    async def main() -> int:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        task = asyncio.create_task(ticker())
+        result = await agrade("\\boxed{10^{10^{10}}}", "5", timeout=0.5)
+        task.cancel()
+        assert result.timed_out and not result.correct
+        return ticks
+
+    assert asyncio.run(main()) >= 10
+
+
+# ------------------------------------------------------------------------------------------------ timeouts
+def test_timeout_is_counted_not_raised() -> None:
+    before = grading_stats()["timeouts"]
+    start = time.monotonic()
+    result = grade("\\boxed{10^{10^{10}}}", "5", timeout=0.5)
+    assert time.monotonic() - start < 0.5 + 1.0  # margin for a loaded machine
+    assert result == Grade(False, "10^{10^{10}}", "timeout", timed_out=True)
+    assert grading_stats()["timeouts"] == before + 1
+
+
+def test_hung_worker_is_killed_and_replaced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the worker's own alarm cannot fire in time, the caller kills it; the next call gets a fresh worker."""
+    monkeypatch.setattr(grading, "_SOFT_TIMEOUT_FRACTION", 20.0)
+    before = grading_stats()
+    start = time.monotonic()
+    assert not is_equivalent("9!!!!!!!!", "5", timeout=0.3)
+    assert time.monotonic() - start < 0.3 + 1.0  # the kill and the replacement's launch, not its start-up
+    monkeypatch.undo()
+    assert is_equivalent("\\sqrt{8}", "2\\sqrt{2}")
+    after = grading_stats()
+    assert after["timeouts"] == before["timeouts"] + 1
+    assert after["worker_starts"] >= before["worker_starts"] + 1
+
+
+def test_parent_never_imports_math_verify() -> None:
+    """The trainer process stays free of sympy; workers are fresh interpreters, not forks of it."""
+    code = (
+        "import sys; from retool_env.grading import is_equivalent, close_grading_pool\n"
+        "assert is_equivalent('\\\\sqrt{8}', '2\\\\sqrt{2}') and is_equivalent('025', '25')\n"
+        "assert 'sympy' not in sys.modules and 'math_verify' not in sys.modules\n"
+        "close_grading_pool()\n"
+    )
+    env = {**os.environ, "RETOOL_GRADING_WORKERS": "1"}
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, env=env)
+
+
+# ------------------------------------------------------------------------------------------------ fuzz
+TOKENS = [*"0123456789+-*/^_{}()[],.=x \\$%!", "\\frac", "\\boxed{", "\\sqrt", "\\pi", "\\text{", "10^{10^{"]
+LATEXISH = st.lists(st.sampled_from(TOKENS), max_size=30).map("".join)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.text(max_size=300) | LATEXISH)
+def test_fuzz_extraction_never_raises(text: str) -> None:
+    answer = extract_answer(text)
+    assert answer is None or isinstance(answer, str)
+    assert isinstance(strict_box_correct(text, "5"), bool)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(-(10**6), 10**6), st.integers(-(10**6), 10**6), st.sampled_from(["{}", " {} ", "{}.", "x={}", "'{}'"])
+)
+def test_fuzz_integers_exact(pred: int, gold: int, template: str) -> None:
+    assert is_equivalent(template.format(pred), str(gold)) is (pred == gold)
+
+
+@settings(max_examples=40, deadline=None)
+@given(LATEXISH)
+def test_fuzz_grade_never_raises_or_hangs(text: str) -> None:
+    start = time.monotonic()
+    result = grade(f"\\boxed{{{text}}}", "7", timeout=1.0)
+    assert isinstance(result.correct, bool)
+    assert time.monotonic() - start < 1.0 + grading.WORKER_STARTUP_TIMEOUT  # a killed worker's successor may start
