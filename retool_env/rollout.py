@@ -6,9 +6,16 @@ below runs many episodes concurrently, each continuing as soon as its own tool c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
+
+from tqdm.auto import tqdm
+
+from retool_env.data import Problem
+from retool_env.trajectory import Trajectory
 
 
 @dataclass(frozen=True)
@@ -52,3 +59,107 @@ class Generator(Protocol):
         stop: Sequence[str] = (),
         sampling: SamplingParams = SamplingParams(),
     ) -> Generation: ...
+
+
+class EpisodeAborted(RuntimeError):
+    """An episode that cannot yield honest training data (generator failure, missing logprobs, timeout)."""
+
+
+async def run_episode(
+    env: Any,
+    generator: Generator,
+    *,
+    problem: Problem | None = None,
+    sampling: SamplingParams = SamplingParams(),
+    require_logprobs: bool = False,
+) -> Trajectory:
+    """Play one episode: generate a turn, step the environment, repeat until it ends.
+
+    The next prompt is always `prompt_ids + completion_ids` of the trajectory, the exact tokens the model produced
+    and the environment appended: nothing is decoded and re-tokenized between turns.
+    """
+    env = getattr(env, "unwrapped", env)
+    _, info = env.reset(options={"problem": problem} if problem is not None else None)
+    traj = env.trajectory
+    while True:
+        generation = await generator.generate(
+            traj.prompt_ids + traj.completion_ids,
+            max_tokens=info["max_new_tokens"],
+            stop_token_ids=info["stop_token_ids"],
+            stop=info["stop"],
+            sampling=sampling,
+        )
+        if generation.finish_reason == "abort":
+            raise EpisodeAborted("the generator aborted the request")
+        if require_logprobs and generation.logprobs is None:
+            raise EpisodeAborted("the generator returned no logprobs")
+        action = {"token_ids": generation.token_ids, "logprobs": generation.logprobs,
+                  "finish_reason": generation.finish_reason}
+        _, _, terminated, truncated, info = await env.astep(action)
+        if terminated or truncated:
+            return traj
+
+
+def aborted_trajectory(problem: Problem, reason: str, prompt_ids: Sequence[int] = ()) -> Trajectory:
+    """A placeholder for a failed episode: its prompt if it got that far, no completion, no reward, and why."""
+    return Trajectory(prompt_ids=list(prompt_ids), problem_id=problem.id, gold=problem.answer, has_logprobs=False,
+                      finish_reason=f"aborted: {reason}")
+
+
+async def run_episodes(
+    problems: Sequence[Problem],
+    make_env: Callable[[], Any],
+    generator: Generator,
+    *,
+    n_per_problem: int = 1,
+    concurrency: int = 64,
+    sampling: SamplingParams = SamplingParams(),
+    episode_timeout: float | None = None,
+    require_logprobs: bool = False,
+    progress: bool = True,
+) -> list[Trajectory]:
+    """Run `n_per_problem` episodes of every problem, `concurrency` at a time, without batch lockstep.
+
+    Each worker owns one environment and starts its next episode as soon as its last one ends, so a slow tool
+    call holds back only its own episode. Results come back in order (problem-major, as GRPO groups them). An
+    episode that fails is returned as an aborted trajectory (`finish_reason` starts with "aborted") and never
+    stops the batch; trainers must drop or mask aborted episodes, never train on them.
+    """
+    jobs = [(i * n_per_problem + j, problem, j) for i, problem in enumerate(problems) for j in range(n_per_problem)]
+    results: list[Trajectory | None] = [None] * len(jobs)
+    queue: asyncio.Queue = asyncio.Queue()
+    for job in jobs:
+        queue.put_nowait(job)
+    bar = tqdm(total=len(jobs), desc="episodes", disable=not progress, dynamic_ncols=True)
+    stats = {"correct": 0, "done": 0, "aborted": 0}
+
+    async def worker() -> None:
+        env = make_env()
+        try:
+            while not queue.empty():
+                index, problem, sample = queue.get_nowait()
+                episode_sampling = (sampling if sampling.seed is None else
+                                    dataclasses.replace(sampling, seed=sampling.seed + index))
+                try:
+                    episode = run_episode(env, generator, problem=problem, sampling=episode_sampling,
+                                          require_logprobs=require_logprobs)
+                    traj = await asyncio.wait_for(episode, episode_timeout)
+                    results[index] = traj
+                    stats["correct"] += bool(traj.correct)
+                except Exception as exc:  # one bad episode never kills the batch
+                    reason = f"timeout after {episode_timeout} s" if isinstance(exc, asyncio.TimeoutError) else repr(exc)
+                    started = getattr(env, "unwrapped", env)
+                    prompt_ids = started.trajectory.prompt_ids if started.problem is problem else ()
+                    results[index] = aborted_trajectory(problem, reason, prompt_ids)
+                    stats["aborted"] += 1
+                stats["done"] += 1
+                bar.update(1)
+                bar.set_postfix(acc=f"{stats['correct'] / stats['done']:.2f}", aborted=stats["aborted"])
+        finally:
+            env.close()
+
+    try:
+        await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, len(jobs))))))
+    finally:
+        bar.close()
+    return [traj for traj in results if traj is not None]

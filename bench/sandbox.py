@@ -1,0 +1,205 @@
+"""Sandbox latency and throughput: LocalSandbox vs slime's baseline vs the floor, side by side in one run.
+
+- `retool`: `LocalSandbox()` with its defaults (the strongest isolation this machine allows).
+- `baseline`: what slime does per call: write the code to a temp file wrapped to set RLIMIT_AS, then run
+  `python3 file` as a subprocess (here without blocking the event loop, which flatters it).
+- `floor`: a bare `fork()` of a process warmed exactly like the fork server (same imports, warm-up, `gc.freeze()`)
+  running the snippet, with no isolation and no IPC: the least any fork-based design can cost.
+
+Usage: `python bench/sandbox.py [--calls 64] [--baseline-calls 16] [--concurrency 1 4 16 64]`
+Prints a table and writes JSON to bench/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from retool_env.sandbox import LocalSandbox  # noqa: E402
+from retool_env.sandbox.isolation import report  # noqa: E402
+
+SNIPPETS = {
+    "print": "print(1 + 1)",
+    "sympy": "import sympy as sp\nx = sp.Symbol('x')\nprint(sp.factor(x**6 - 1))",
+    "numpy": "import numpy as np\na = np.arange(100.0).reshape(10, 10)\nprint(float(np.linalg.norm(a @ a.T)))",
+}
+
+# slime's wrapper (examples/retool/tool_sandbox.py), reduced to what costs time: rlimit, capture, run.
+BASELINE_WRAPPER = """\
+import resource, io, sys
+resource.setrlimit(resource.RLIMIT_AS, (4 * 1024**3, -1))
+_buf = io.StringIO(); _old = sys.stdout; sys.stdout = _buf
+try:
+{body}
+finally:
+    sys.stdout = _old
+print(_buf.getvalue(), end="")
+"""
+
+FLOOR_WORKER = """
+import json, os, sys, time
+sys.path.insert(0, sys.argv[4])
+from retool_env.sandbox.server import PRELOAD, warm_up
+warm_up(PRELOAD)  # the same imports, warm-up and gc.freeze() as the fork server
+code, concurrency, calls = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+devnull = os.open(os.devnull, os.O_WRONLY)
+started, latencies, launched = {}, [], 0
+t0 = time.perf_counter()
+while len(latencies) < calls:
+    while launched < calls and len(started) < concurrency:
+        start = time.perf_counter()
+        pid = os.fork()
+        if pid == 0:
+            os.dup2(devnull, 1)
+            exec(code, {"__name__": "__main__"})
+            sys.stdout.flush()
+            os._exit(0)
+        started[pid] = start
+        launched += 1
+    pid, _ = os.wait()
+    latencies.append(time.perf_counter() - started.pop(pid))
+print(json.dumps({"latencies": latencies, "wall": time.perf_counter() - t0}))
+"""
+
+
+async def _drive(call, concurrency: int, calls: int) -> dict:
+    """Run `calls` calls with `concurrency` in flight; per-call latency and overall calls/s."""
+    latencies: list[float] = []
+    remaining = calls
+
+    async def worker() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            start = time.perf_counter()
+            await call()
+            latencies.append(time.perf_counter() - start)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return {"latencies": latencies, "wall": time.perf_counter() - start}
+
+
+async def bench_retool(sandbox: LocalSandbox, code: str, concurrency: int, calls: int) -> dict:
+    async def call() -> None:
+        result = await sandbox.run(code, timeout=60)
+        assert result.ok, result
+
+    await _drive(call, concurrency, min(calls, 2 * concurrency))  # warm the pool and the caches
+    return await _drive(call, concurrency, calls)
+
+
+async def bench_baseline(code: str, concurrency: int, calls: int) -> dict:
+    body = textwrap.indent(code, "    ")
+
+    async def call() -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "code.py")
+            Path(path).write_text(BASELINE_WRAPPER.format(body=body))
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, path, cwd=tmp, env=os.environ.copy(),
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            out, err = await asyncio.wait_for(proc.communicate(), 900)
+            assert proc.returncode == 0, err
+
+    return await _drive(call, concurrency, calls)
+
+
+def bench_floor(code: str, concurrency: int, calls: int) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", FLOOR_WORKER, code, str(concurrency), str(calls), str(ROOT)],
+        capture_output=True, text=True, check=True, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"},
+    )  # fmt: skip
+    return json.loads(out.stdout)
+
+
+def summarize(raw: dict) -> dict:
+    lat = sorted(raw["latencies"])
+    p99 = lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))]
+    return {
+        "calls": len(lat),
+        "p50_ms": statistics.median(lat) * 1e3,
+        "p99_ms": p99 * 1e3,
+        "calls_per_s": len(lat) / raw["wall"],
+    }
+
+
+def machine() -> dict:
+    model = ""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    load = os.getloadavg()
+    return {
+        "cpu": model, "cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version(),
+        "load_average_at_start": [round(x, 2) for x in load],
+        "isolation": {layer.name: layer.active for layer in report()},
+    }  # fmt: skip
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=64, help="calls per cell for retool and the floor")
+    parser.add_argument("--baseline-calls", type=int, default=16, help="calls per cell for the baseline (at least c)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument("--snippets", nargs="+", default=list(SNIPPETS), choices=list(SNIPPETS))
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    args = parser.parse_args()
+
+    info = machine()
+    command = "python " + " ".join([os.path.relpath(__file__), *sys.argv[1:]])
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"sandbox-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    rows = []
+    async with LocalSandbox() as sandbox:
+        info["retool_wrapper"] = sandbox.wrapper
+        info["retool_max_concurrency"] = sandbox._config["max_concurrency"]
+        for name in args.snippets:
+            code = SNIPPETS[name]
+            for c in args.concurrency:
+                cell = {
+                    "retool": summarize(await bench_retool(sandbox, code, c, max(args.calls, c))),
+                    "floor": summarize(bench_floor(code, c, max(args.calls, c))),
+                    "baseline": summarize(await bench_baseline(code, c, max(args.baseline_calls, c))),
+                }
+                rows.append({"snippet": name, "concurrency": c, **cell})
+                print_row(rows[-1], header=len(rows) == 1)
+                info["load_average_now"] = [round(x, 2) for x in os.getloadavg()]
+                path.write_text(json.dumps({"command": command, "machine": info, "rows": rows}, indent=2))
+    print(f"\nmachine: {json.dumps(info)}\nwrote {path}")
+
+
+def print_row(row: dict, header: bool) -> None:
+    if header:
+        print(
+            "| snippet | c | retool p50 / p99 ms | retool calls/s | floor p50 / p99 ms | floor calls/s "
+            "| baseline p50 / p99 ms | baseline calls/s | baseline/retool p50 | retool/floor p50 |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|---|")
+    r, f, b = row["retool"], row["floor"], row["baseline"]
+    print(
+        f"| {row['snippet']} | {row['concurrency']} | {r['p50_ms']:.1f} / {r['p99_ms']:.1f} | {r['calls_per_s']:.0f} "
+        f"| {f['p50_ms']:.1f} / {f['p99_ms']:.1f} | {f['calls_per_s']:.0f} "
+        f"| {b['p50_ms']:.1f} / {b['p99_ms']:.1f} | {b['calls_per_s']:.1f} "
+        f"| {b['p50_ms'] / r['p50_ms']:.1f}x | {r['p50_ms'] / f['p50_ms']:.2f}x |",
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

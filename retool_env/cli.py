@@ -1,0 +1,79 @@
+"""`retool-env` command line. Import-light: each subcommand imports what it needs when it runs."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from collections.abc import Sequence
+
+
+def _sandbox_serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from retool_env.sandbox.http_server import serve
+
+    kwargs = {"timeout": args.timeout, "memory_mb": args.memory_mb, "max_concurrency": args.max_concurrency}
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(args.host, args.port, isolation=args.isolation, **kwargs))
+    return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    import time
+
+    from retool_env.sandbox import LocalSandbox
+    from retool_env.sandbox.isolation import report
+
+    print("Sandbox isolation layers on this machine:")
+    for layer in report():
+        print(f"  [{'on ' if layer.active else 'off'}] {layer.name:<22} {layer.detail}")
+    print("\nLive check (a LocalSandbox with isolation=auto):")
+    start = time.perf_counter()
+    with LocalSandbox(timeout=5) as sandbox:
+        result = sandbox.run_sync("print(6 * 7)")
+        started = time.perf_counter() - start
+        print(f"  server started and ran a call in {started:.2f} s: {result.status} {result.output.strip()!r}")
+        print(f"  wrapper: {sandbox.wrapper}")
+        probes = {
+            "fork": "import os; os.fork()",
+            "socket": "import socket; socket.socket()",
+            "exec": "import os; os.execv('/bin/true', ['true'])",
+            "write /etc": "open('/etc/retool-doctor-probe', 'w')",
+            "signal parent": "import os; os.kill(os.getppid(), 0)",
+        }
+        for name, code in probes.items():
+            probe = sandbox.run_sync(code)
+            verdict = "blocked" if probe.status != "ok" else "ALLOWED"
+            last = (probe.output.strip().splitlines() or [""])[-1]
+            print(f"  {name:<14} {verdict:<8} {last[:90]}")
+    return 0 if result.ok else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="retool-env", description="ReTool-Env: a code-interpreter gym for LLMs.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    sandbox = commands.add_parser("sandbox", help="the code sandbox")
+    sandbox_commands = sandbox.add_subparsers(dest="sandbox_command", required=True)
+    serve = sandbox_commands.add_parser("serve", help="a SandboxFusion-compatible /run_code server over the local sandbox")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--timeout", type=float, default=10.0, help="default run_timeout in seconds")
+    serve.add_argument("--memory-mb", type=int, default=1024, help="default memory limit per call")
+    serve.add_argument("--max-concurrency", type=int, default=None, help="calls executing at once (default: CPUs)")
+    serve.add_argument("--isolation", default="auto", choices=["auto", "bwrap", "unshare", "none"])
+    serve.set_defaults(func=_sandbox_serve)
+
+    doctor = commands.add_parser("doctor", help="show which sandbox isolation layers work on this machine")
+    doctor.set_defaults(func=_doctor)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,382 @@
+"""ToolEnvironment: the token-level gym environment between two generations of a tool-using math model."""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from retool_env.data import Problem
+from retool_env.formats import ParsedAction, ToolCall, ToolFormat, clip_tokens, make_format
+from retool_env.grading import Grade, agrade
+from retool_env.prompts import PromptTemplate, get_prompt, render_prompt
+from retool_env.rewards import EpisodeStats, RewardFn, get_reward_fn
+from retool_env.sandbox import ExecResult, Sandbox, make_sandbox
+from retool_env.trajectory import ToolCallRecord, Trajectory
+
+EMPTY_OUTPUT = "(no output)"
+_shared_sandboxes: dict[str, Sandbox] = {}
+_episode_counter = itertools.count()
+
+
+def shared_sandbox(spec: str) -> Sandbox:
+    """One sandbox per spec for the whole process: many environments share one fork server."""
+    if spec not in _shared_sandboxes:
+        _shared_sandboxes[spec] = make_sandbox(spec)
+    return _shared_sandboxes[spec]
+
+
+@atexit.register
+def _close_shared_sandboxes() -> None:
+    for sandbox in _shared_sandboxes.values():
+        sandbox.close()
+
+
+def load_tokenizer(tokenizer: Any) -> Any:
+    """A tokenizer object, or one loaded by name or path with transformers."""
+    if not isinstance(tokenizer, str):
+        return tokenizer
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(tokenizer)
+    except OSError as exc:
+        raise ValueError(f"cannot load tokenizer {tokenizer!r} (offline machines need a local path, or pass a "
+                         f"tokenizer object such as retool_env.offline.qwen_tokenizer())") from exc
+
+
+def load_dataset_problems(dataset: Any, split: str | None = None) -> list[Problem]:
+    """Problems from a list of Problems or dicts, or from anything `retool_env.data.load_problems` reads."""
+    if dataset is None:
+        raise ValueError("ToolEnvironment needs a dataset: a list of Problems, a file, or a name like 'arith'")
+    if isinstance(dataset, str) or hasattr(dataset, "__fspath__"):
+        from retool_env.data import load_problems
+
+        problems = load_problems(dataset, split=split)
+    else:
+        problems = [p if isinstance(p, Problem) else Problem.from_dict(p) for p in dataset]
+    if not problems:
+        raise ValueError("the dataset has no problems")
+    return problems
+
+
+@dataclass
+class _PendingTools:
+    """Tool calls parsed from an action, waiting for the sandbox."""
+
+    parsed: ParsedAction
+    turn: int
+
+
+class ToolEnvironment(gym.Env):
+    """A math problem solved by a language model that may call a Python interpreter, one turn per step.
+
+    ## Description
+    Token in, token out: the observation after `reset` is the prompt's token ids; an action is the token ids the
+    policy generated for one turn, appended to the episode verbatim (never re-tokenized); the observation after a
+    step is the token ids the environment appends: the interpreter's answer rendered for the next generation. The
+    full record, with `env_mask` and `logprobs` aligned to the completion, is `env.unwrapped.trajectory`.
+
+    ## Action Space
+    `Sequence(Discrete(vocab_size), stack=True)`: a 1-D integer array of token ids. Logprobs ride along as a mapping
+    `{"token_ids": ids, "logprobs": floats, "finish_reason": "stop" | "length"}` (gymnasium wrappers pass `step`
+    a single argument). Without a finish reason, a turn that used all of `info["max_new_tokens"]` without an end
+    token counts as cut off.
+
+    ## Observation Space
+    `Sequence(Discrete(vocab_size), stack=True)`: the prompt after `reset`, then each step's appended tokens (empty
+    when the episode ends).
+
+    ## Tool Formats
+    `hermes`: `<tool_call>{"name": "code_interpreter", "arguments": {"code": ...}}</tool_call>` blocks, several per
+    turn allowed; results are `tool` turns rendered by the tokenizer's chat template. `retool`: the paper's
+    `<code>```python ...```</code>` with generation stopped at `</code>` and the result inline as
+    `<interpreter>...</interpreter>`. A turn without a tool call is the final answer. A malformed call is answered
+    with an observation saying what was wrong. `info["stop"]` and `info["stop_token_ids"]` tell the generator when
+    to stop; a closing token the model did not emit is inserted with mask 0.
+
+    ## Rewards
+    0 on every step but the last; then the reward scheme's value for the graded final answer (`retool`: +1 if
+    correct, else `min(-0.6, -1 + 0.1 * k)` for k executed tool calls). Only text the model generated is graded:
+    interpreter output that prints `\\boxed{...}` earns nothing.
+
+    ## Starting State
+    A problem drawn with the environment's seeded RNG, or chosen with `options={"index": i}` or
+    `options={"problem": Problem | dict}`.
+
+    ## Episode End
+    Terminated when the model answers (a turn without a tool call). Truncated when a turn is cut off by the token
+    budget, when the completion would exceed `max_completion_tokens`, or when a turn would exceed `max_tool_calls`.
+    A truncated episode is still graded on what the model wrote.
+
+    ## Budgets
+    `max_tool_calls` (executed calls per episode), `max_completion_tokens` (all tokens after the prompt, model and
+    environment, as TRL's `max_completion_length` and verl's `response_length`), `max_observation_tokens` (each
+    tool output, head and tail kept around a marker), `max_turn_tokens` (caps `info["max_new_tokens"]`).
+
+    ## Arguments
+    `tokenizer` (object, name or path), `dataset` (Problems, dicts, a file or a name `load_problems` knows),
+    `split` (for named datasets; None picks each dataset's default), `tool_format`, `prompt` (a name in
+    `retool_env.prompts.PROMPTS` or a PromptTemplate; default: the format's),
+    `sandbox` ("local", a SandboxFusion URL, or a Sandbox), `reward` (a scheme name or callable) and
+    `reward_kwargs`, the budgets above, `tool_timeout` (seconds per call), `stateful` (variables persist between an
+    episode's calls), `render_mode` ("ansi"), `vocab_size` (defaults to the tokenizer's length).
+
+    ## Version History
+    * v0: initial version.
+    """
+
+    metadata = {"render_modes": ["ansi"]}  # noqa: RUF012 (gymnasium's convention)
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        dataset: Any = None,
+        *,
+        tool_format: str | ToolFormat = "hermes",
+        prompt: str | PromptTemplate | None = None,
+        sandbox: str | Sandbox = "local",
+        reward: str | RewardFn = "retool",
+        reward_kwargs: Mapping[str, Any] | None = None,
+        max_tool_calls: int = 8,
+        max_completion_tokens: int = 4096,
+        max_observation_tokens: int = 512,
+        max_turn_tokens: int | None = None,
+        tool_timeout: float = 5.0,
+        stateful: bool = False,
+        split: str | None = None,
+        render_mode: str | None = None,
+        vocab_size: int | None = None,
+    ) -> None:
+        if render_mode not in (None, "ansi"):
+            raise ValueError(f"render_mode must be None or 'ansi', not {render_mode!r}")
+        if min(max_completion_tokens, max_observation_tokens) < 1 or max_tool_calls < 0:
+            raise ValueError("token budgets must be positive and max_tool_calls non-negative")
+        self.tokenizer = load_tokenizer(tokenizer)
+        self.problems = load_dataset_problems(dataset, split=split)
+        self.format = make_format(tool_format, self.tokenizer)
+        self.prompt = get_prompt(prompt or self.format.default_prompt)
+        self.sandbox = shared_sandbox(sandbox) if isinstance(sandbox, str) else sandbox
+        self.reward_fn = get_reward_fn(reward, **dict(reward_kwargs or {}))
+        self.max_tool_calls = max_tool_calls
+        self.max_completion_tokens = max_completion_tokens
+        self.max_observation_tokens = max_observation_tokens
+        self.max_turn_tokens = max_turn_tokens
+        self.tool_timeout = tool_timeout
+        self.stateful = stateful
+        self.render_mode = render_mode
+        self.vocab_size = vocab_size or len(self.tokenizer)
+        self.action_space = spaces.Sequence(spaces.Discrete(self.vocab_size), stack=True)
+        self.observation_space = spaces.Sequence(spaces.Discrete(self.vocab_size), stack=True)
+        self.trajectory: Trajectory | None = None
+        self.problem: Problem | None = None
+        self._session: str | None = None
+        self._done = False
+        self._last_results: list[dict[str, Any]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closing: set[asyncio.Task] = set()
+        self._answer_text = ""
+
+    # ----------------------------------------------------------------------------------------------------- reset
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self._end_session()
+        options = options or {}
+        if "problem" in options:
+            problem = options["problem"]
+            self.problem = problem if isinstance(problem, Problem) else Problem.from_dict(problem)
+        elif "index" in options:
+            self.problem = self.problems[int(options["index"])]
+        else:
+            self.problem = self.problems[int(self.np_random.integers(len(self.problems)))]
+        prompt_ids = render_prompt(self.tokenizer, self.prompt, self.problem.question, self.format.tools)
+        self.trajectory = Trajectory(prompt_ids=prompt_ids, problem_id=self.problem.id, gold=self.problem.answer)
+        self._session = f"episode-{next(_episode_counter)}" if self.stateful else None
+        self._done = False
+        self._last_results = []
+        return np.asarray(prompt_ids, dtype=np.int64), self._info()
+
+    # ------------------------------------------------------------------------------------------------------ step
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        """`astep` run to completion on the environment's own event loop (tool calls of a turn run concurrently)."""
+        return self._run_blocking(self.astep(action))
+
+    def _run_blocking(self, coro: Any) -> Any:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            if self._loop is None or self._loop.is_closed():
+                self._loop = asyncio.new_event_loop()
+            return self._loop.run_until_complete(coro)
+        coro.close()
+        raise RuntimeError("step() was called inside a running event loop; use `await env.unwrapped.astep(...)`")
+
+    async def astep(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        """`step` for asyncio: awaits the sandbox, so thousands of episodes can run in one process."""
+        pending = self._take_action(action)
+        if isinstance(pending, _PendingTools):
+            results = await asyncio.gather(*(self._run_async(call) for call in pending.parsed.tool_calls))
+            observed = self._observe(pending, list(results))
+            if observed is not None:
+                return observed
+            pending = True
+        outcome = self._finish(await agrade(self._answer_text, self.problem.answer), truncated=pending)
+        if self._session is not None:
+            session, self._session = self._session, None
+            await self.sandbox.close_session(session)
+        return outcome
+
+    def _take_action(self, action: Any) -> _PendingTools | bool:
+        """Append the action; return the tool calls to run, or whether the episode ends truncated."""
+        if self.trajectory is None:
+            raise RuntimeError("call reset() before step()")
+        if self._done:
+            raise RuntimeError("the episode has ended; call reset() to start a new one")
+        token_ids, logprobs, finish_reason = self._split_action(action)
+        traj = self.trajectory
+        cut_off = finish_reason == "length" or (finish_reason is None and len(token_ids) >= self._max_new_tokens())
+        traj.append_model(token_ids, logprobs)
+        parsed = self.format.parse(token_ids)
+        self._answer_text = parsed.text  # the model's own text of its latest turn: the only text ever graded
+        turn = traj.num_turns
+        if not parsed.complete and cut_off:  # the generator ran out of tokens mid-turn
+            traj.finish_reason = "length"
+            return True
+        if parsed.is_final:  # includes a turn that stopped early without an end token: read it as the answer
+            traj.finish_reason = "answer"
+            return len(traj.completion_ids) > self.max_completion_tokens
+        if traj.num_tool_calls + sum(c.code is not None for c in parsed.tool_calls) > self.max_tool_calls:
+            traj.tool_calls.extend(ToolCallRecord(c.code, "", "skipped", turn=turn) for c in parsed.tool_calls)
+            traj.finish_reason = "max_tool_calls"
+            return True
+        return _PendingTools(parsed, turn)
+
+    def _split_action(self, action: Any) -> tuple[list[int], list[float] | None, str | None]:
+        logprobs = finish_reason = None
+        if isinstance(action, Mapping):
+            if "token_ids" not in action:
+                raise ValueError("an action mapping needs 'token_ids' (optionally 'logprobs', 'finish_reason')")
+            action, logprobs, finish_reason = action["token_ids"], action.get("logprobs"), action.get("finish_reason")
+        ids = np.asarray(action)
+        if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
+            raise ValueError(f"an action is a 1-D sequence of token ids, got shape {ids.shape} dtype {ids.dtype}")
+        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
+            raise ValueError(f"action token ids must lie in [0, {self.vocab_size}); got {ids.min()}..{ids.max()}")
+        return ids.tolist(), (None if logprobs is None else [float(x) for x in logprobs]), finish_reason
+
+    # ------------------------------------------------------------------------------------------------ tool calls
+    async def _run_async(self, call: ToolCall) -> ExecResult | str:
+        if call.code is None:
+            return call.error or "invalid tool call"
+        return await self.sandbox.run(call.code, timeout=self.tool_timeout, session=self._session)
+
+    def _observe(self, pending: _PendingTools, results: Sequence[ExecResult | str]) -> tuple | None:
+        """Record the tool results and append their rendering; None when it does not fit (the episode ends)."""
+        traj = self.trajectory
+        outputs, records = [], []
+        for call, result in zip(pending.parsed.tool_calls, results, strict=True):
+            if isinstance(result, str):  # a call that could not be parsed: tell the model what was wrong
+                text, status, duration = f"Error: {result}", "invalid", 0.0
+            else:
+                text, status, duration = result.output or EMPTY_OUTPUT, result.status, result.duration
+            text = clip_tokens(text, self.tokenizer, self.max_observation_tokens)
+            outputs.append(text)
+            records.append(ToolCallRecord(call.code, text, status, duration, turn=pending.turn))
+        traj.tool_calls.extend(records)
+        self._last_results = [{"code": r.code, "output": r.output, "status": r.status, "duration": r.duration}
+                              for r in records]
+        obs_ids = [*pending.parsed.closing_ids, *self.format.observation_ids(outputs)]
+        if len(traj.completion_ids) + len(obs_ids) >= self.max_completion_tokens:
+            traj.finish_reason = "max_completion_tokens"
+            return None
+        traj.append_env(obs_ids)
+        traj.turns[-1].num_tool_calls = len(records)
+        return np.asarray(obs_ids, dtype=np.int64), 0.0, False, False, self._info()
+
+    # ------------------------------------------------------------------------------------------------ the end
+    def _finish(self, result: Grade, truncated: bool) -> tuple:
+        traj = self.trajectory
+        traj.truncated = truncated
+        traj.correct, traj.pred, traj.strict_correct = result.correct, result.pred, result.strict_correct
+        traj.reward = float(self.reward_fn(result, self.episode_stats()))
+        self._done = True
+        return np.zeros(0, dtype=np.int64), traj.reward, not truncated, truncated, self._info()
+
+    def episode_stats(self) -> EpisodeStats:
+        traj = self.trajectory
+        return EpisodeStats(
+            num_tool_calls=traj.num_tool_calls,
+            num_turns=traj.num_turns,
+            num_tool_errors=sum(c.status not in ("ok", "skipped") for c in traj.tool_calls),
+            num_tool_timeouts=sum(c.status == "timeout" for c in traj.tool_calls),
+            truncated=traj.truncated,
+            finish_reason=traj.finish_reason,
+        )
+
+    def _max_new_tokens(self) -> int:
+        remaining = self.max_completion_tokens - len(self.trajectory.completion_ids)
+        return max(0, min(remaining, self.max_turn_tokens or remaining))
+
+    def _info(self) -> dict[str, Any]:
+        traj = self.trajectory
+        info = {
+            "problem_id": self.problem.id,
+            "stop_token_ids": self.format.stop_token_ids,
+            "stop": self.format.stop_strings,
+            "max_new_tokens": self._max_new_tokens(),
+            "turn": traj.num_turns,
+            "num_tool_calls": traj.num_tool_calls,
+            "tool_results": list(self._last_results),
+        }
+        if self._done:
+            info.update(reward=traj.reward, correct=traj.correct, pred=traj.pred, strict_correct=traj.strict_correct,
+                        finish_reason=traj.finish_reason)
+        return info
+
+    # ------------------------------------------------------------------------------------------- render, close
+    def render(self) -> str | None:
+        """The episode as text with model and environment spans marked (render_mode="ansi")."""
+        if self.render_mode != "ansi" or self.trajectory is None:
+            return None
+        traj, decode = self.trajectory, self.tokenizer.decode
+        parts = [f"=== prompt ===\n{decode(traj.prompt_ids)}"]
+        for turn in traj.turns:
+            parts.append(f"=== model ===\n{decode(traj.completion_ids[turn.start:turn.end])}")
+            if turn.env_end > turn.end:
+                parts.append(f"=== environment ===\n{decode(traj.completion_ids[turn.end:turn.env_end])}")
+        if self._done:
+            parts.append(f"=== reward {traj.reward:+.2f} ({traj.finish_reason}; pred={traj.pred!r}, "
+                         f"gold={traj.gold!r}) ===")
+        return "\n".join(parts)
+
+    def _end_session(self) -> None:
+        """Close the sandbox session of an episode left unfinished (reset or close before it ended)."""
+        if self._session is None:
+            return
+        session, self._session = self._session, None
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._run_blocking(self.sandbox.close_session(session))
+        else:
+            task = loop.create_task(self.sandbox.close_session(session))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    def close(self) -> None:
+        self._end_session()
+        if self._loop is not None:
+            self._loop.close()
+        super().close()
+
+
+def make_env_factory(**kwargs: Any) -> Callable[[], ToolEnvironment]:
+    """A zero-argument constructor, for rollout drivers and vectorised set-ups that build one env per episode."""
+    return lambda: ToolEnvironment(**kwargs)

@@ -1,0 +1,319 @@
+"""Tool-call formats: how an action's tool calls are parsed and how the interpreter's answer is rendered as tokens.
+
+`hermes` is Qwen2.5/Qwen3-style tool calling: `<tool_call>{json}</tool_call>` blocks in an assistant turn, results as
+`tool` messages rendered by the tokenizer's own chat template. `retool` is the ReTool paper's format: code in
+`<code>```python ...```</code>` (generation stops at `</code>`), the result inline as `<interpreter>...</interpreter>`
+inside the same assistant turn, the final answer in `<answer>\\boxed{...}</answer>`.
+
+A format never re-tokenizes the model's action: it parses the decoded text, then produces only the tokens the
+environment appends (a closing token the model did not emit, and the observation), all with mask 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+TOOL_NAME = "code_interpreter"
+CODE_INTERPRETER_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": TOOL_NAME,
+        "description": "Run Python code in a sandbox and return what it prints (the value of a trailing expression "
+                       "is printed too). numpy and sympy are available.",
+        "parameters": {
+            "type": "object",
+            "properties": {"code": {"type": "string", "description": "The Python code to run."}},
+            "required": ["code"],
+        },
+    },
+}
+
+_FENCE = re.compile(r"^\s*```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)\n?[ \t]*```\s*$", re.DOTALL | re.IGNORECASE)
+
+
+def strip_code_fences(code: str) -> str:
+    """Remove a markdown fence around the code (```python ... ```), which models often put inside tool calls."""
+    match = _FENCE.match(code)
+    return match.group(1) if match else code.strip("\n")
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One tool call of an action: the code to run, or why the call was rejected (shown to the model)."""
+
+    code: str | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ParsedAction:
+    """What an action asks for.
+
+    `closing_ids` are tokens the environment appends (mask 0) to close the model's turn when the generator stopped
+    before the end token (at a stop string); `complete` is False when the turn was cut off (no end token, no call).
+    """
+
+    tool_calls: tuple[ToolCall, ...]
+    closing_ids: tuple[int, ...] = ()
+    complete: bool = True
+    text: str = ""  # the model's text of the turn, its end token excluded
+
+    @property
+    def is_final(self) -> bool:
+        return not self.tool_calls
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of plain text (no BOS/EOS added); straight to the Rust tokenizer when there is one (it is on
+    every step's path, and transformers' wrapper costs milliseconds on long texts)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return backend.encode(text, add_special_tokens=False).ids
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def decode(tokenizer: Any, ids: list[int], skip_special_tokens: bool = False) -> str:
+    """Text of token ids, exactly as the tokenizer's own `decode` gives it (see `encode` for why direct)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return backend.decode(ids, skip_special_tokens=skip_special_tokens)
+    return tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+class ToolFormat(ABC):
+    """Parses actions and renders observations for one tool-calling convention and tokenizer."""
+
+    name: str
+    default_prompt: str
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        ends = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
+        ends = [i for i in [tokenizer.eos_token_id, *ends] if isinstance(i, int) and i != tokenizer.unk_token_id]
+        self.end_token_ids: list[int] = list(dict.fromkeys(ends))
+        if not self.end_token_ids:
+            raise ValueError("the tokenizer has no end-of-turn token (eos_token or <|im_end|>)")
+
+    @property
+    def tools(self) -> list[dict[str, Any]] | None:
+        """The tool schemas the prompt advertises (None: the prompt itself explains the format)."""
+        return None
+
+    @property
+    def stop_strings(self) -> list[str]:
+        return []
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        return list(self.end_token_ids)
+
+    def encode(self, text: str) -> list[int]:
+        return encode(self.tokenizer, text)
+
+    def parse(self, action_ids: list[int]) -> ParsedAction:
+        """Split off the end token, then let the format read the text the model wrote."""
+        ended = bool(action_ids) and action_ids[-1] in self.end_token_ids
+        body = action_ids[:-1] if ended else action_ids
+        text = decode(self.tokenizer, body)
+        return dataclasses.replace(self._parse_text(text, ended), text=text)
+
+    @abstractmethod
+    def _parse_text(self, text: str, ended: bool) -> ParsedAction: ...
+
+    @abstractmethod
+    def observation_ids(self, outputs: list[str]) -> list[int]:
+        """Tokens that follow the model's turn: the rendered interpreter outputs, ready for the next generation."""
+
+
+def _escape_raw_control_chars(text: str) -> str:
+    """Escape newlines and tabs that appear raw inside JSON string literals (a common model mistake)."""
+    out, in_string, escaped = [], False, False
+    for ch in text:
+        if in_string and not escaped and ch in "\n\r\t":
+            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t"}[ch])
+            continue
+        if ch == '"' and not escaped:
+            in_string = not in_string
+        escaped = ch == "\\" and not escaped
+        out.append(ch)
+    return "".join(out)
+
+
+def parse_hermes_call(block: str) -> ToolCall:
+    """Read the JSON of one `<tool_call>` block; any fault becomes a ToolCall whose error tells the model why."""
+    block = block.strip()
+    try:
+        call = json.loads(block)
+    except json.JSONDecodeError as exc:
+        try:  # repair only when plain parsing failed, so valid JSON is never altered
+            call = json.loads(_escape_raw_control_chars(block))
+        except json.JSONDecodeError:
+            return ToolCall(None, f"the tool call is not valid JSON ({exc.msg} at line {exc.lineno} column "
+                                  f"{exc.colno}). Write {{\"name\": \"{TOOL_NAME}\", \"arguments\": {{\"code\": "
+                                  f"\"...\"}}}} between <tool_call> and </tool_call>.")
+    if not isinstance(call, dict):
+        return ToolCall(None, f"the tool call must be a JSON object with \"name\" and \"arguments\", not "
+                              f"{type(call).__name__}.")
+    name = call.get("name")
+    if name != TOOL_NAME:
+        return ToolCall(None, f"unknown tool {name!r}; the only tool is {TOOL_NAME!r}.")
+    args = call.get("arguments", call.get("parameters"))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            args = None
+    if not isinstance(args, dict) or not isinstance(args.get("code"), str):
+        return ToolCall(None, f"{TOOL_NAME} needs \"arguments\": {{\"code\": \"<python code>\"}}.")
+    code = strip_code_fences(args["code"])
+    if not code.strip():
+        return ToolCall(None, "the code is empty.")
+    return ToolCall(code)
+
+
+class HermesFormat(ToolFormat):
+    """Qwen-style `<tool_call>` JSON calls; results as `tool` turns rendered by the tokenizer's chat template."""
+
+    name = "hermes"
+    default_prompt = "slime"
+    _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+    _DUMMY = "<<retool-env-dummy>>"
+
+    def __init__(self, tokenizer: Any) -> None:
+        super().__init__(tokenizer)
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("the hermes format renders tool results with the tokenizer's chat template, "
+                             "and this tokenizer has none; set tokenizer.chat_template or use tool_format='retool'")
+        self._head = [{"role": "user", "content": "u"},
+                      {"role": "assistant", "content": self._DUMMY}]
+        head_text = self._render(self._head, add_generation_prompt=False)
+        after_content = head_text[head_text.index(self._DUMMY) + len(self._DUMMY):]
+        # The template's end-of-turn marker (e.g. "<|im_end|>") is what the model emits; what follows is glue.
+        self.turn_end = next((t for t in tokenizer.all_special_tokens if after_content.startswith(t)), None)
+        if self.turn_end is None:
+            raise ValueError(f"cannot find the end-of-turn token after an assistant message in the chat template "
+                             f"(it renders {after_content[:40]!r})")
+        self._skeletons: dict[int, str | None] = {}
+        self._prefix_text = head_text[: head_text.index(self._DUMMY) + len(self._DUMMY) + len(self.turn_end)]
+        self._prefix_ids = self.encode(self._prefix_text)
+        self.turn_end_id = self.encode(self.turn_end)[0]
+        # Text after a special token tokenizes on its own, so the observation can be encoded alone: checked once.
+        sample = self._render(self._head + [self._tool_turn("42\n")], add_generation_prompt=True)
+        self._suffix_alone = self._prefix_ids + self.encode(sample[len(self._prefix_text):]) == self.encode(sample)
+
+    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(messages, tools=[CODE_INTERPRETER_TOOL], tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt)
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        return [CODE_INTERPRETER_TOOL]
+
+    def _parse_text(self, text: str, ended: bool) -> ParsedAction:
+        calls = [parse_hermes_call(block) for block in self._CALL.findall(text)]
+        tail = self._CALL.sub("", text)
+        if "<tool_call>" in tail:
+            if not ended:  # cut off inside a call: the turn is unfinished
+                return ParsedAction(tuple(calls), complete=False)
+            calls.append(ToolCall(None, "a <tool_call> block was opened but never closed with </tool_call>."))
+        if ended:
+            return ParsedAction(tuple(calls))
+        if calls and text.rstrip().endswith("</tool_call>"):  # stopped at </tool_call>: close the turn for it
+            return ParsedAction(tuple(calls), closing_ids=(self.turn_end_id,))
+        return ParsedAction((), complete=False)
+
+    @staticmethod
+    def _tool_turn(output: str) -> dict[str, str]:
+        return {"role": "tool", "name": TOOL_NAME, "content": output}
+
+    def _rendered_with_outputs(self, outputs: list[str]) -> str:
+        """The conversation with tool turns holding `outputs`. The template is rendered once per number of
+        outputs with placeholders, then filled in; a template that transforms its content (checked once on a
+        sample with awkward characters) is rendered every time instead."""
+        n = len(outputs)
+        if n not in self._skeletons:
+            holes = [f"\x00{i}\x00" for i in range(n)]
+            skeleton = self._render(self._head + [self._tool_turn(h) for h in holes], add_generation_prompt=True)
+            sample = ['{"x": "a\\n"}\n  <b> & \'q\'  ' for _ in range(n)]
+            exact = self._fill(skeleton, sample) == self._render(
+                self._head + [self._tool_turn(o) for o in sample], add_generation_prompt=True)
+            self._skeletons[n] = skeleton if exact and all(skeleton.count(h) == 1 for h in holes) else None
+        skeleton = self._skeletons[n]
+        if skeleton is None:
+            return self._render(self._head + [self._tool_turn(out) for out in outputs], add_generation_prompt=True)
+        return self._fill(skeleton, outputs)
+
+    @staticmethod
+    def _fill(skeleton: str, outputs: list[str]) -> str:
+        parts = skeleton.split("\x00")  # [text, "0", text, "1", text, ...]
+        return "".join(outputs[int(p)] if i % 2 else p for i, p in enumerate(parts))
+
+    def observation_ids(self, outputs: list[str]) -> list[int]:
+        # The difference between two renderings, so it is exact for any prefix-preserving template.
+        full_text = self._rendered_with_outputs(outputs)
+        if self._suffix_alone and full_text.startswith(self._prefix_text):
+            return self.encode(full_text[len(self._prefix_text):])
+        full = self.encode(full_text)
+        if full[: len(self._prefix_ids)] != self._prefix_ids:
+            raise ValueError("the chat template is not prefix-preserving: adding a tool turn changed how the "
+                             "assistant turn before it is rendered, so tool results cannot be appended exactly")
+        return full[len(self._prefix_ids):]
+
+
+class ReToolFormat(ToolFormat):
+    """The ReTool paper's inline format: `<code>` blocks, `<interpreter>` results, `<answer>` at the end."""
+
+    name = "retool"
+    default_prompt = "retool"
+    _CODE = re.compile(r"<code>(.*?)(?:</code>\s*)?$", re.DOTALL)
+
+    @property
+    def stop_strings(self) -> list[str]:
+        return ["</code>"]
+
+    def _parse_text(self, text: str, ended: bool) -> ParsedAction:
+        stripped = text.rstrip()
+        start = stripped.rfind("<code>")
+        closed = stripped.endswith("</code>")
+        if start < 0 or ended:  # as in the paper's loop, a turn the model ended itself is its final answer
+            return ParsedAction((), complete=ended)
+        body = stripped[start + len("<code>"):]
+        if closed:
+            body = body[: -len("</code>")]
+        elif not body.rstrip().endswith("```"):  # an open block that is not a finished fence: cut off mid-code
+            return ParsedAction((), complete=False)
+        code = strip_code_fences(body)
+        call = ToolCall(code) if code.strip() else ToolCall(None, "the code block is empty.")
+        closing = () if closed else tuple(self.encode("</code>"))
+        return ParsedAction((call,), closing_ids=closing)
+
+    def observation_ids(self, outputs: list[str]) -> list[int]:
+        (output,) = outputs
+        return self.encode("\n<interpreter>\n" + output.rstrip("\n") + "\n</interpreter>\n\n")
+
+
+FORMATS: dict[str, type[ToolFormat]] = {"hermes": HermesFormat, "retool": ReToolFormat}
+
+
+def make_format(tool_format: str | ToolFormat, tokenizer: Any) -> ToolFormat:
+    if isinstance(tool_format, ToolFormat):
+        return tool_format
+    if tool_format not in FORMATS:
+        raise ValueError(f"unknown tool_format {tool_format!r}; choose one of {sorted(FORMATS)}")
+    return FORMATS[tool_format](tokenizer)
+
+
+def clip_tokens(text: str, tokenizer: Any, max_tokens: int) -> str:
+    """Keep the head and the tail of a long output, counted in tokens, around a marker saying what was cut."""
+    ids = encode(tokenizer, text)
+    if len(ids) <= max_tokens:
+        return text
+    head, tail = max_tokens // 2, max_tokens - max_tokens // 2
+    omitted = len(ids) - head - tail
+    return (decode(tokenizer, ids[:head]) + f"\n... [{omitted} tokens omitted] ...\n" +
+            (decode(tokenizer, ids[-tail:]) if tail else ""))

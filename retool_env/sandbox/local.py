@@ -1,0 +1,328 @@
+"""`LocalSandbox`: the client side of the embedded fork server.
+
+The trainer never forks itself: it starts the server once as a fresh interpreter with an empty environment, hands it
+a listening Unix socket and a "lifeline" pipe (the server exits when the pipe closes, so a trainer that dies or
+forgets `close()` leaves nothing behind), and opens one connection per call. Per-call connections bind to no event
+loop, so one instance serves any number of loops and threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import select
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from typing import Any
+
+from . import isolation, seccomp
+from .base import ExecResult, Sandbox, check_code
+from .server import PRELOAD, pack, read_frame
+
+_SANDBOX_DIR = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(_SANDBOX_DIR))
+# Import the server's modules without running `retool_env/__init__.py` (which may grow heavy imports).
+_BOOTSTRAP = (
+    "import sys, types\n"
+    "for name, path in (('retool_env', {root!r}), ('retool_env.sandbox', {sandbox!r})):\n"
+    "    module = types.ModuleType(name); module.__path__ = [path]; sys.modules[name] = module\n"
+    "from retool_env.sandbox.server import main\n"
+    "main()\n"
+)
+_CLEAN_ENV = {
+    "PATH": "/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "PYTHONSAFEPATH": "1",  # no cwd on sys.path (3.11+)
+    # Put the Python heap in transparent huge pages: fork() then copies one entry per 2 MB instead of 512, which
+    # measured 12-15 ms -> 2 ms per fork of the warm server here (glibc >= 2.35, THP in `madvise` or `always` mode).
+    "PYTHONMALLOC": "malloc",
+    "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1",
+}
+
+
+class _Process:
+    """One running server: its process, socket and lifeline. Cleans up after itself when garbage collected.
+
+    Nothing of it lives on disk that could outlast a killed trainer: the socket has an abstract address (Linux),
+    the log is an unnamed file, and the job directories are removed by the server when its lifeline closes.
+    """
+
+    def __init__(self, config: dict[str, Any], isolation_mode: str, start_timeout: float) -> None:
+        self.address = f"\0retool-sandbox-{os.getpid()}-{secrets.token_hex(8)}"
+        self.wrapper, prefix = isolation.server_prefix(isolation_mode)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(self.address)
+        listener.listen(1024)
+        lifeline_r, self.lifeline_w = os.pipe()
+        # bubblewrap's /tmp is private to the sandbox: jobs live there, and the server sweeps it after each call.
+        self.jobs_dir = None if self.wrapper == "bwrap" else tempfile.mkdtemp(prefix="retool-sandbox-jobs-")
+        config = {
+            **config,
+            "listen_fd": listener.fileno(),
+            "lifeline_fd": lifeline_r,
+            "jobs_dir": self.jobs_dir or isolation.SANDBOX_JOBS_DIR,
+            "scratch_dirs": ["/tmp"] if self.wrapper == "bwrap" else [],
+        }
+        bootstrap = _BOOTSTRAP.format(root=_PACKAGE_ROOT, sandbox=_SANDBOX_DIR)
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 - the server writes to it for its whole life
+        self.proc = subprocess.Popen(
+            # Not -I: it would ignore PYTHONMALLOC. The environment is ours alone, so -s is all that is needed.
+            [*prefix, sys.executable, "-s", "-c", bootstrap, json.dumps(config)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            env=_CLEAN_ENV,
+            pass_fds=(listener.fileno(), lifeline_r),
+            cwd="/",
+            start_new_session=True,  # Ctrl-C in the trainer's terminal is the trainer's business
+        )
+        listener.close()
+        os.close(lifeline_r)
+        self._finalizer = weakref.finalize(self, _stop, self.proc, self.lifeline_w, self.jobs_dir, self.log)
+        self._wait_ready(start_timeout)
+
+    def _wait_ready(self, timeout: float) -> None:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        line = b""
+        while not line.endswith(b"\n") and time.monotonic() < deadline:
+            ready, _, _ = select.select([self.proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            chunk = os.read(self.proc.stdout.fileno(), 64)
+            if not chunk:
+                break
+            line += chunk
+        self.proc.stdout.close()
+        if line.strip() != b"ready":
+            self.log.seek(0)
+            log = self.log.read()[-2000:].decode("utf-8", "replace")
+            self.stop()
+            raise RuntimeError(f"the sandbox server did not start (got {line!r}); its log:\n{log}")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def healthy(self, grace: float = 1.0) -> bool:
+        """After a failed call: is the server still up? Its wrapper (unshare, bwrap) outlives it by a moment."""
+        try:
+            self.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            return True
+        return False
+
+    def stop(self) -> None:
+        self._finalizer()
+
+
+def _stop(proc: subprocess.Popen[bytes], lifeline_w: int, jobs_dir: str | None, log: Any) -> None:
+    """Close the lifeline (the server then cleans up and exits), wait briefly, then make sure."""
+    with contextlib.suppress(OSError):
+        os.close(lifeline_w)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, 9)
+        proc.wait()
+    log.close()
+    if jobs_dir:
+        shutil.rmtree(jobs_dir, ignore_errors=True)
+
+
+class LocalSandbox(Sandbox):
+    """Runs code in single-use children of a pre-warmed fork server on this machine.
+
+    Arguments:
+        timeout: default wall-clock limit per call, in seconds (CPU time is limited to about the same).
+        memory_mb: memory each call may allocate beyond the warm interpreter.
+        max_concurrency: calls executing at once; further calls queue in the server (the only limit).
+        prefork: children kept forked and waiting for code.
+        echo: print the value of a trailing expression, like Jupyter (False reproduces the ReTool paper).
+        max_output_bytes: per stream; the first and last halves are kept and the middle is marked as cut.
+        traceback_lines: how many final lines of a traceback the model sees.
+        max_sessions: live per-episode sessions; the least recently used is closed beyond this.
+        isolation: `auto` (the strongest available), `bwrap`, `unshare` or `none`.
+        seccomp: load the seccomp filter in every child where the machine supports it.
+        drop_uid: run children as uid 65534 when root and the Python install is readable by it.
+    """
+
+    def __init__(
+        self,
+        *,
+        timeout: float = 10.0,
+        memory_mb: int = 1024,
+        max_concurrency: int | None = None,
+        prefork: int | None = None,
+        echo: bool = True,
+        max_output_bytes: int = 16384,
+        traceback_lines: int = 12,
+        max_sessions: int = 64,
+        isolation: str = "auto",
+        seccomp: bool = True,
+        drop_uid: bool = True,
+        preload: list[str] | None = None,
+        start_timeout: float = 120.0,
+    ) -> None:
+        self.timeout = timeout
+        self.echo = echo
+        self.isolation = isolation
+        self.start_timeout = start_timeout
+        # Twice the cores: a child waiting on I/O or being reaped should not leave a core idle.
+        concurrency = max_concurrency or 2 * (os.cpu_count() or 1)
+        self._config = {
+            "max_concurrency": concurrency,
+            "prefork": prefork if prefork is not None else min(concurrency, 4),
+            "memory_mb": memory_mb,
+            "max_output_bytes": max_output_bytes,
+            "traceback_lines": traceback_lines,
+            "max_sessions": max_sessions,
+            "use_seccomp": seccomp and _seccomp_supported(),
+            "drop_to_uid": isolation_uid() if drop_uid else None,
+            "preload": list(PRELOAD if preload is None else preload),
+        }
+        self._process: _Process | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # -- server lifecycle ----------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start (or restart) the server now; calls do this lazily, but a trainer may want to pay it up front."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this LocalSandbox is closed")
+            if self._process is None or not self._process.alive():
+                if self._process is not None:
+                    self._process.stop()
+                self._process = _Process(self._config, self.isolation, self.start_timeout)
+
+    async def _ready_process(self) -> _Process:
+        process = self._process
+        if process is not None and process.alive():
+            return process
+        await asyncio.get_running_loop().run_in_executor(None, self.start)
+        assert self._process is not None
+        return self._process
+
+    @property
+    def server_pid(self) -> int | None:
+        """The host pid of the server process (or of its namespace wrapper)."""
+        return self._process.proc.pid if self._process else None
+
+    @property
+    def wrapper(self) -> str | None:
+        return self._process.wrapper if self._process else None
+
+    def _discard_broken(self, process: _Process | None) -> None:
+        """The server stopped answering: stop what is left of it so the next call starts a fresh one."""
+        with self._lock:
+            if process is not None and self._process is process:
+                process.stop()
+                self._process = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._process is not None:
+                self._process.stop()
+                self._process = None
+
+    async def aclose(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.close)
+
+    async def __aenter__(self) -> LocalSandbox:
+        await self._ready_process()
+        return self
+
+    # -- calls ---------------------------------------------------------------------------------------------------
+
+    async def _request(self, request: dict[str, Any]) -> Any:
+        for attempt in range(2):
+            process = await self._ready_process()
+            try:
+                reader, writer = await asyncio.open_unix_connection(process.address, limit=1 << 24)
+            except (ConnectionRefusedError, FileNotFoundError):
+                # Nobody listens: the server died between calls. The request never left, so restart and retry once.
+                await asyncio.get_running_loop().run_in_executor(None, self._discard_broken, process)
+                if attempt:
+                    raise
+                continue
+            try:
+                writer.write(pack(request))
+                await writer.drain()
+                return await read_frame(reader)
+            except (OSError, EOFError, asyncio.IncompleteReadError):
+                loop = asyncio.get_running_loop()
+                if not await loop.run_in_executor(None, process.healthy):
+                    await loop.run_in_executor(None, self._discard_broken, process)
+                raise
+            finally:
+                writer.close()
+                with contextlib.suppress(Exception):
+                    await writer.wait_closed()
+        raise AssertionError("unreachable")
+
+    async def run(
+        self,
+        code: str,
+        *,
+        timeout: float | None = None,
+        session: str | None = None,
+        stdin: str | None = None,
+        memory_mb: int | None = None,
+        echo: bool | None = None,
+    ) -> ExecResult:
+        bad = check_code(code)
+        if bad is not None:
+            return bad
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        request = {
+            "op": "run",
+            "code": code,
+            "timeout": float(timeout if timeout is not None else self.timeout),
+            "session": session,
+            "stdin": stdin,
+            "memory_mb": memory_mb,
+            "echo": self.echo if echo is None else echo,
+        }
+        start = time.perf_counter()
+        try:
+            response = await self._request(request)
+        except (OSError, EOFError, asyncio.IncompleteReadError, RuntimeError, ValueError) as exc:
+            return ExecResult.failure(
+                "sandbox_error", f"SandboxError: the sandbox server failed ({type(exc).__name__}: {exc})",
+                duration=time.perf_counter() - start,
+            )  # fmt: skip
+        return ExecResult(**response)
+
+    async def close_session(self, session: str) -> None:
+        if self._process is not None and self._process.alive():
+            with contextlib.suppress(OSError, EOFError, asyncio.IncompleteReadError):
+                await self._request({"op": "close_session", "session": session})
+
+    async def info(self) -> dict[str, Any]:
+        """The server's counters (pool, sessions, running calls, job directories): for tests and monitoring."""
+        return await self._request({"op": "info"})
+
+
+def _seccomp_supported() -> bool:
+    return seccomp.supported() is None
+
+
+def isolation_uid() -> int | None:
+    """The uid children drop to, or None where dropping is impossible or would break imports."""
+    return isolation.NOBODY if isolation.uid_drop_available() else None

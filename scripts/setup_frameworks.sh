@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Create .venv-frameworks: the project plus the RL frameworks its adapters plug into (verl, SkyRL-gym, OpenEnv), for
+# tests/test_adapter_*.py. A separate venv because verl declares transformers<5.11 while the project needs >=5.19:
+# verl goes in with --no-deps plus what `verl.experimental.agent_loop` imports, and its agent loop runs on 5.24.
+# slime is not on PyPI (its tests use a stand-in of its Sample). Idempotent: re-runs only when pyproject.toml,
+# constraints.txt or this script changed. About 5 minutes and 2 GiB the first time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=.venv-frameworks
+stamp=$venv/.retool-env-installed
+want=$(cat pyproject.toml constraints.txt "$0" | sha256sum | cut -c1-16)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
+[ -x $venv/bin/python ] || python3 -m venv $venv
+pip="$venv/bin/python -m pip install -q -c constraints.txt"
+$venv/bin/python -m pip install -q --upgrade pip
+$pip torch==2.13.0                      # the CPU build first, so nothing below pulls a CUDA torch
+$pip -e ".[dev]" skyrl-gym==0.4.0 openenv-core==0.3.0
+$pip --no-deps verl==0.9.1
+$pip ray==2.60.0 hydra-core==1.3.8 tensordict==0.10.0 datasets==5.2.0 codetiming==1.4.0 dill==0.4.1 \
+    pandas==3.1.1 pylatexenc==2.11 pillow==12.3.0 cachetools==8.0.2
+$venv/bin/python -c "
+import verl.experimental.agent_loop.agent_loop, skyrl_gym, openenv.core, uvicorn, transformers, retool_adapters
+from importlib.metadata import version as v
+print('verl', v('verl'), 'skyrl-gym', v('skyrl-gym'), 'openenv-core', v('openenv-core'), 'transformers', v('transformers'))"
+echo "$want" > "$stamp"

@@ -1,0 +1,116 @@
+"""The rollout driver with scripted generators: concurrency without lockstep, failure isolation, abort paths."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+
+import pytest
+
+from retool_env import Problem, ToolEnvironment
+from retool_env.rollout import Generation, run_episode, run_episodes
+
+
+class Solver:
+    """A scripted policy: computes the product with the interpreter, then boxes what the interpreter printed.
+
+    `slow` problems sleep in the sandbox first; `fail` problems make the generator raise.
+    """
+
+    def __init__(self, tok, slow=(), fail=(), logprobs=True, delay=0.0):
+        self.tok, self.slow, self.fail, self.logprobs, self.delay = tok, set(slow), set(fail), logprobs, delay
+        self.finished_at: dict[str, float] = {}
+        self.calls = 0
+
+    async def generate(self, prompt_ids, *, max_tokens, stop_token_ids=(), stop=(), sampling=None):
+        self.calls += 1
+        await asyncio.sleep(self.delay)
+        text = self.tok.decode(prompt_ids)
+        a, b = re.findall(r"What is (\d+) \* (\d+)\?", text)[-1]
+        if a in self.fail:
+            raise RuntimeError(f"generator failed on {a}")
+        results = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", text, re.DOTALL)
+        if results:
+            self.finished_at[a] = time.monotonic()
+            reply = f"The product is \\boxed{{{results[-1].strip()}}}.<|im_end|>"
+        else:
+            sleep = "import time; time.sleep(1.5)\n" if a in self.slow else ""
+            code = f"{sleep}print({a} * {b})"
+            reply = "<tool_call>\n" + json.dumps({"name": "code_interpreter", "arguments": {"code": code}})
+            reply += "\n</tool_call><|im_end|>"
+        ids = self.tok.encode(reply, add_special_tokens=False)
+        return Generation(ids, [-0.25] * len(ids) if self.logprobs else None, "stop")
+
+
+PROBLEMS = [Problem(f"What is {a} * {b}?", str(a * b), id=f"p{a}") for a, b in
+            [(12, 34), (56, 78), (91, 23), (45, 67), (89, 10), (11, 12)]]
+
+
+def factory(tok, **kw):
+    return lambda: ToolEnvironment(tok, PROBLEMS, tool_timeout=5.0, **kw)
+
+
+def test_run_episode_plays_to_the_end(tiny_tok):
+    traj = asyncio.run(run_episode(factory(tiny_tok)(), Solver(tiny_tok), problem=PROBLEMS[0]))
+    assert traj.correct and traj.reward == 1.0 and traj.num_tool_calls == 1 and traj.num_turns == 2
+    assert traj.logprobs.count(-0.25) == traj.num_model_tokens
+
+
+def test_run_episodes_in_order_and_grouped(tiny_tok):
+    trajs = asyncio.run(run_episodes(PROBLEMS, factory(tiny_tok), Solver(tiny_tok), n_per_problem=2,
+                                     concurrency=4, progress=False))
+    assert [t.problem_id for t in trajs] == [p.id for p in PROBLEMS for _ in range(2)]
+    assert all(t.correct and t.reward == 1.0 and not t.aborted for t in trajs)
+
+
+def test_no_lockstep_a_slow_tool_call_holds_back_only_its_episode(tiny_tok):
+    solver = Solver(tiny_tok, slow={"12"})
+    start = time.monotonic()
+    trajs = asyncio.run(run_episodes(PROBLEMS, factory(tiny_tok), solver, concurrency=len(PROBLEMS), progress=False))
+    assert all(t.correct for t in trajs)
+    slow_done = solver.finished_at.pop("12")
+    assert slow_done - start >= 1.5
+    # Every other episode finished while the slow tool call was still running.
+    assert max(solver.finished_at.values()) < slow_done - 0.5
+
+
+def test_a_failing_episode_is_aborted_not_fatal(tiny_tok):
+    trajs = asyncio.run(run_episodes(PROBLEMS, factory(tiny_tok), Solver(tiny_tok, fail={"56"}), concurrency=3,
+                                     progress=False))
+    aborted = [t for t in trajs if t.aborted]
+    assert [t.problem_id for t in aborted] == ["p56"] and "generator failed" in aborted[0].finish_reason
+    assert aborted[0].reward is None and aborted[0].completion_ids == []
+    assert tiny_tok.decode(aborted[0].prompt_ids).count("What is 56 * 78?") == 1  # the prompt it failed on
+    assert sum(bool(t.correct) for t in trajs) == len(PROBLEMS) - 1
+
+
+def test_missing_logprobs_abort_when_required(tiny_tok):
+    solver = Solver(tiny_tok, logprobs=False)
+    trajs = asyncio.run(run_episodes(PROBLEMS[:2], factory(tiny_tok), solver, require_logprobs=True,
+                                     progress=False))
+    assert all(t.aborted and "logprobs" in t.finish_reason for t in trajs)
+    kept = asyncio.run(run_episodes(PROBLEMS[:2], factory(tiny_tok), solver, progress=False))
+    assert all(t.correct and not t.has_logprobs for t in kept)
+
+
+def test_episode_timeout_aborts(tiny_tok):
+    trajs = asyncio.run(run_episodes(PROBLEMS[:2], factory(tiny_tok), Solver(tiny_tok, slow={"12"}),
+                                     episode_timeout=0.8, progress=False))
+    assert trajs[0].aborted and "timeout" in trajs[0].finish_reason
+    assert trajs[1].correct
+
+
+def test_cancellation_propagates_and_the_sandbox_keeps_serving(tiny_tok):
+    async def cancel_midway():
+        task = asyncio.create_task(run_episodes(PROBLEMS, factory(tiny_tok), Solver(tiny_tok, slow={"12"}),
+                                                progress=False))
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancel_midway())
+    traj = asyncio.run(run_episode(factory(tiny_tok)(), Solver(tiny_tok), problem=PROBLEMS[1]))
+    assert traj.correct

@@ -1,0 +1,455 @@
+"""The sandbox's behaviour: results, echo, errors, timeouts, output caps, sessions, event loops, restarts, HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from retool_env.sandbox import ExecResult, LocalSandbox, Sandbox, SandboxFusionSandbox, make_sandbox
+from retool_env.sandbox.http_server import FusionServer
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    with LocalSandbox(timeout=5, max_concurrency=4, max_sessions=3, traceback_lines=6) as sb:
+        sb.start()
+        yield sb
+
+
+def run(sb: Sandbox, code: str, **kw) -> ExecResult:
+    return sb.run_sync(code, **kw)
+
+
+def descendants(pid: int) -> list[int]:
+    """Host pids below `pid`, parents before children."""
+    children: dict[int, list[int]] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, queue = [], [pid]
+    while queue:
+        kids = children.get(queue.pop(0), [])
+        found += kids
+        queue += kids
+    return found
+
+
+def server_host_pid(sb: LocalSandbox) -> int:
+    """The fork server itself (below bubblewrap or unshare, if any): the first Python process in the tree."""
+    for pid in [sb.server_pid, *descendants(sb.server_pid)]:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+        if argv[0] == sys.executable.encode() and b"retool_env.sandbox.server" in b" ".join(argv):
+            return pid
+    raise AssertionError("no server process found")
+
+
+# -- the result type ------------------------------------------------------------------------------------------------
+
+
+def test_output_joins_stdout_errors_and_note():
+    result = ExecResult("timeout", stdout="partial", stderr="", note="TimeoutError: execution exceeded the 5 s time limit")
+    assert result.output == "partial\nTimeoutError: execution exceeded the 5 s time limit"
+    assert ExecResult("ok").output == ""
+    assert ExecResult("error", stdout="a\n", stderr="Traceback\nValueError: x\n").output == "a\nTraceback\nValueError: x"
+    assert result.to_dict()["status"] == "timeout" and result.to_dict()["stdout"] == "partial"
+
+
+def test_make_sandbox_specs():
+    assert isinstance(make_sandbox("local"), LocalSandbox)
+    fusion = make_sandbox("sandbox_fusion:http://h:1/run_code")
+    assert isinstance(fusion, SandboxFusionSandbox) and fusion.url == "http://h:1/run_code"
+    assert make_sandbox("http://h:2").url == "http://h:2/run_code"
+    sb = LocalSandbox()
+    assert make_sandbox(sb) is sb
+    with pytest.raises(ValueError, match="unknown sandbox"):
+        make_sandbox("docker")
+
+
+# -- running code -----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        ("x = 5", ""),
+        ("x = 5\nx", "5"),
+        ("for i in range(3):\n    print(i)", "0\n1\n2"),
+        ("1 + 1  # a trailing comment", "2"),
+        ("print(3); 4", "3\n4"),
+        ("4;", ""),
+        ("import math", ""),
+        ("'text'", "'text'"),
+        ("None", ""),
+        ("from fractions import Fraction\nFraction(1, 3) + Fraction(1, 6)", "Fraction(1, 2)"),
+        ("import sympy as sp\nx = sp.Symbol('x')\nsp.factor(x**2 - 1)", "(x - 1)*(x + 1)"),
+        ("import numpy as np\nint(np.arange(10).sum())", "45"),
+        ("print(len(str(2**20000)))", "6021"),
+        ("if __name__ == '__main__':\n    print('main')", "main"),
+    ],
+)
+def test_echo_of_trailing_expression(sandbox, code, expected):
+    result = run(sandbox, code)
+    assert result.status == "ok", result
+    assert result.output.strip() == expected
+
+
+def test_bare_fallback_echo_off_and_cleanup():
+    """Without namespaces or seccomp: escaped processes are still reaped; echo can be off; close removes files."""
+    sb = LocalSandbox(echo=False, prefork=1, isolation="none", seccomp=False, timeout=3)
+    sb.start()
+    jobs_dir = sb._process.jobs_dir
+    try:
+        assert sb.wrapper == "none"
+        assert run(sb, "x = 5\nx").output == ""
+        assert run(sb, "print(7)").output.strip() == "7"
+        assert run(sb, "x = 5\nx", echo=True).output.strip() == "5"
+        escape = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\nprint('parent done')"
+        assert run(sb, escape).output.strip() == "parent done"
+        def settled() -> bool:  # the pool is refilled and nothing else is alive
+            return asyncio.run(sb.info())["pool"] == 1 and len(descendants(sb.server_pid)) == 1
+
+        deadline = time.time() + 5
+        while time.time() < deadline and not settled():
+            time.sleep(0.05)
+        assert settled()
+    finally:
+        sb.close()
+    assert jobs_dir and not os.path.exists(jobs_dir)
+
+
+def test_error_keeps_stdout_then_trimmed_traceback(sandbox):
+    code = "print('before')\ndef f(n):\n    return 1 / n if n == 0 else f(n - 1)\nf(30)"
+    result = run(sandbox, code)
+    assert result.status == "error" and result.exit_code == 1
+    assert result.stdout == "before\n"
+    lines = result.output.splitlines()
+    assert lines[0] == "before" and lines[-1] == "ZeroDivisionError: division by zero"
+    assert len(result.stderr.splitlines()) <= 6  # traceback_lines=6
+    assert "server.py" not in result.stderr and "cell.py" not in result.stderr
+
+
+def test_syntax_error_names_the_line(sandbox):
+    result = run(sandbox, "x = 1\ndef f(:\n    pass")
+    assert result.status == "error"
+    assert "SyntaxError" in result.output and 'line 2' in result.output
+    assert "server.py" not in result.output
+
+
+def test_timeout_keeps_partial_output_and_names_the_limit(sandbox):
+    start = time.perf_counter()
+    result = run(sandbox, "import time\nprint('started', flush=True)\nwhile True: time.sleep(0.01)", timeout=1)
+    elapsed = time.perf_counter() - start
+    assert result.status == "timeout"
+    assert result.stdout == "started\n"
+    assert result.output.endswith("TimeoutError: execution exceeded the 1 s time limit")
+    assert 1.0 <= elapsed < 3.0
+
+
+def test_huge_output_keeps_head_and_tail(sandbox):
+    result = run(sandbox, "print('HEAD')\nfor i in range(200000): print(i)\nprint('TAIL')")
+    assert result.status == "ok" and result.stdout_truncated
+    assert result.stdout.startswith("HEAD\n0\n1\n") and result.stdout.endswith("199999\nTAIL\n")
+    assert "bytes truncated" in result.stdout and len(result.stdout) < 20000
+
+
+def test_stderr_and_stdin(sandbox):
+    result = run(sandbox, "import sys\nprint('warn', file=sys.stderr)\nprint(sys.stdin.read().upper())", stdin="abc")
+    assert result.status == "ok" and result.stdout == "ABC\n" and result.stderr == "warn\n"
+
+
+def test_per_call_memory_limit(sandbox):
+    code = "x = bytearray(300 * 1024 * 1024)\nprint('allocated')"
+    assert run(sandbox, code).status == "ok"
+    limited = run(sandbox, code, memory_mb=100)
+    assert limited.status == "memory" and "MemoryError" in limited.output
+
+
+def test_bad_code_is_an_error_result_not_an_exception(sandbox):
+    for code in (b"print(1)", b"\xff\xfe", "print('\udcff')", None):
+        result = run(sandbox, code)  # type: ignore[arg-type]
+        assert result.status == "error" and result.output
+
+
+# -- concurrency and event loops ----------------------------------------------------------------------------------
+
+
+def test_many_concurrent_calls(sandbox):
+    async def main():
+        return await asyncio.gather(*(sandbox.run(f"print({i} * {i})") for i in range(24)))
+
+    results = asyncio.run(main())
+    assert [r.stdout for r in results] == [f"{i * i}\n" for i in range(24)]
+
+
+def test_usable_from_several_loops_and_threads(sandbox):
+    assert run(sandbox, "print(1)").stdout == "1\n"
+    loop = asyncio.new_event_loop()
+    try:
+        assert loop.run_until_complete(sandbox.run("print(2)")).stdout == "2\n"
+    finally:
+        loop.close()
+    outputs = []
+    threads = [threading.Thread(target=lambda i=i: outputs.append(run(sandbox, f"print({i})").stdout)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outputs) == [f"{i}\n" for i in range(4)]
+
+
+def test_run_sync_inside_a_loop_raises(sandbox):
+    async def main():
+        with pytest.raises(RuntimeError, match="inside a running event loop"):
+            sandbox.run_sync("print(1)")
+
+    asyncio.run(main())
+
+
+# -- sessions ---------------------------------------------------------------------------------------------------------
+
+
+def test_session_state_persists_and_failures_roll_back(sandbox):
+    async def main():
+        s = "episode-1"
+        assert (await sandbox.run("x = 10\ny = [1]", session=s)).status == "ok"
+        assert (await sandbox.run("x += 1\nx", session=s)).output.strip() == "11"
+        failed = await sandbox.run("x = 999\ny.append(2)\n1 / 0", session=s)
+        assert failed.status == "error" and "ZeroDivisionError" in failed.output
+        assert (await sandbox.run("x, y", session=s)).output.strip() == "(11, [1])"
+        timed_out = await sandbox.run("x = -1\nwhile True: pass", session=s, timeout=1)
+        assert timed_out.status == "timeout"
+        crashed = await sandbox.run("x = -2\nimport ctypes\nctypes.string_at(0)", session=s)
+        assert crashed.status == "killed"
+        assert (await sandbox.run("x", session=s)).output.strip() == "11"
+        assert (await sandbox.run("x", session="other")).status == "error"  # sessions are separate
+        await sandbox.close_session(s)
+        assert (await sandbox.run("x", session=s)).status == "error"  # closed: a fresh namespace
+        await sandbox.close_session(s)
+        await sandbox.close_session("other")
+
+    asyncio.run(main())
+
+
+def test_session_cells_cannot_forge_the_heads_reports(sandbox):
+    """A cell can write to the pipe its head reports on; the server must not act on forged pids."""
+    forge = "import os\nfor fd in range(3, 64):\n    try: os.write(fd, b'C 1\\nT\\nX 0\\n')\n    except OSError: pass"
+
+    async def main():
+        await sandbox.run("kept = 1", session="forger")
+        forged = await sandbox.run(forge + "\nwhile True: pass", session="forger", timeout=1)
+        after = await sandbox.run("print('fine')")
+        await sandbox.close_session("forger")
+        return forged, after
+
+    forged, after = asyncio.run(main())
+    # A cell can at worst confuse its own session (it holds the same pipes as its head); it cannot make the server
+    # signal another process: pid 1's group was the bait, and the server still serves.
+    assert forged.status in ("ok", "timeout", "sandbox_error", "error")
+    assert after.output == "fine\n"
+
+
+def test_concurrent_sessions_stay_apart(sandbox):
+    async def episode(i: int) -> list[str]:
+        outputs = []
+        for _ in range(3):
+            result = await sandbox.run(f"acc = acc + {i} if 'acc' in dir() else {i}\nacc", session=f"ep{i}")
+            outputs.append(result.output.strip())
+        await sandbox.close_session(f"ep{i}")
+        return outputs
+
+    async def main():
+        return await asyncio.gather(*(episode(i) for i in range(1, 4)))  # max_sessions=3
+
+    assert asyncio.run(main()) == [[str(i), str(2 * i), str(3 * i)] for i in range(1, 4)]
+
+
+def test_sessions_are_bounded(sandbox):
+    async def main():
+        for i in range(4):  # max_sessions=3: the least recently used is closed
+            await sandbox.run(f"v = {i}", session=f"s{i}")
+        assert (await sandbox.info())["sessions"] == 3
+        assert (await sandbox.run("v", session="s0")).status == "error"
+        assert (await sandbox.run("v", session="s3")).output.strip() == "3"
+        for i in range(4):
+            await sandbox.close_session(f"s{i}")
+        assert (await sandbox.info())["sessions"] == 0
+
+    asyncio.run(main())
+
+
+# -- the server's life --------------------------------------------------------------------------------------------
+
+
+def test_unshare_wrapper_and_unknown_isolation():
+    from retool_env.sandbox import isolation
+
+    if isolation.server_prefix("auto")[0] == "none":
+        pytest.skip("no namespaces on this machine")
+    with LocalSandbox(isolation="unshare", prefork=1) as sb:
+        code = "import os\nprint(os.getpid() < 100, [l.split(':')[0].strip() for l in open('/proc/net/dev')][2:])"
+        result = run(sb, code)  # a fresh pid namespace, and a network namespace with only loopback
+        assert sb.wrapper == "unshare" and result.output.strip() == "True ['lo']"
+    with pytest.raises(RuntimeError, match="not available"):
+        isolation.server_prefix("firecracker")
+
+
+def test_server_death_gives_sandbox_error_then_restarts():
+    with LocalSandbox(timeout=5, prefork=1) as sb:
+        assert run(sb, "print(1)").ok
+
+        async def main():
+            slow = asyncio.ensure_future(sb.run("import time; time.sleep(30)"))
+            await asyncio.sleep(0.5)
+            os.kill(server_host_pid(sb), signal.SIGKILL)
+            start = time.perf_counter()
+            result = await slow
+            return result, time.perf_counter() - start
+
+        result, waited = asyncio.run(main())
+        assert result.status == "sandbox_error" and waited < 3
+        assert run(sb, "print('back')").stdout == "back\n"
+
+
+def test_unclosed_sandbox_leaves_nothing_when_the_trainer_exits():
+    script = textwrap.dedent(
+        """
+        import sys
+        from retool_env.sandbox import LocalSandbox
+        wrapped, bare = LocalSandbox(prefork=1), LocalSandbox(prefork=1, isolation="none")
+        assert wrapped.run_sync("print(1)").ok and bare.run_sync("print(1)").ok
+        print(wrapped.server_pid, bare.server_pid, bare._process.jobs_dir, "torch" in sys.modules, flush=True)
+        import os; os._exit(0)  # no close(), no atexit: as if the trainer crashed
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=90, check=True)
+    wrapped_pid, bare_pid, jobs_dir, torch_imported = out.stdout.split()
+    assert torch_imported == "False"
+    leftovers = [f"/proc/{wrapped_pid}", f"/proc/{bare_pid}", jobs_dir]
+    deadline = time.time() + 10
+    while time.time() < deadline and any(os.path.exists(p) for p in leftovers):
+        time.sleep(0.1)
+    assert not any(os.path.exists(p) for p in leftovers)
+
+
+# -- SandboxFusion over real HTTP ---------------------------------------------------------------------------------
+
+
+def test_fusion_client_against_our_http_server(sandbox):
+    async def main():
+        server = FusionServer(sandbox, "127.0.0.1", 0)
+        port = await server.start()
+        client = SandboxFusionSandbox(f"http://127.0.0.1:{port}/run_code", timeout=2)
+        try:
+            ok, err, slow, exit3 = await asyncio.gather(
+                client.run("print(6 * 7)"),
+                client.run("print('x')\nraise ValueError('bad')"),
+                client.run("print('partial', flush=True)\nwhile True: pass", timeout=1),
+                client.run("import sys; sys.exit(3)"),
+            )
+        finally:
+            await client.aclose()
+            await server.close()
+        return ok, err, slow, exit3
+
+    ok, err, slow, exit3 = asyncio.run(main())
+    assert ok.status == "ok" and ok.output == "42\n"
+    assert err.status == "error" and err.output.startswith("x\nTraceback") and "ValueError: bad" in err.output
+    assert slow.status == "timeout" and slow.stdout == "partial\n" and "1 s time limit" in slow.output
+    assert exit3.status == "error" and exit3.exit_code == 3 and "SystemExit: 3" in exit3.output
+
+
+def test_fusion_client_retries_transient_failures():
+    calls = []
+
+    async def flaky(reader, writer):
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(next(h.split(b":")[1] for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")))
+            request = json.loads(await reader.readexactly(length))
+            calls.append(request)
+            if len(calls) < 3:
+                body, status = b"{}", b"503 Service Unavailable"
+            else:
+                run_result = {"status": "Finished", "stdout": "hi\n", "stderr": "", "return_code": 0, "execution_time": 0.01}
+                body, status = json.dumps({"status": "Success", "run_result": run_result}).encode(), b"200 OK"
+            writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            await writer.drain()
+
+    async def main():
+        server = await asyncio.start_server(flaky, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = SandboxFusionSandbox(f"http://127.0.0.1:{port}", backoff=0.01)
+        try:
+            result = await client.run("print('hi')", timeout=3)
+        finally:
+            await client.aclose()
+            server.close()
+        refused = await SandboxFusionSandbox("http://127.0.0.1:9/run_code", retries=1, backoff=0.01).run("1")
+        return result, refused
+
+    result, refused = asyncio.run(main())
+    assert result.status == "ok" and result.stdout == "hi\n" and len(calls) == 3
+    assert calls[0]["language"] == "python" and calls[0]["run_timeout"] == 3 and calls[0]["memory_limit_MB"] == 1024
+    assert refused.status == "sandbox_error" and "failed 2 times" in refused.output
+
+
+def test_cli_serve_speaks_sandbox_fusion(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "retool_env.cli", "sandbox", "serve", "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert "run_code" in proc.stdout.readline()
+        import httpx
+
+        body = {"code": "print(sum(range(10)))", "language": "python", "run_timeout": 5}
+        response = httpx.post(f"http://127.0.0.1:{port}/run_code", json=body, timeout=30).json()
+        assert response["status"] == "Success" and response["run_result"]["stdout"] == "45\n"
+        assert response["run_result"]["status"] == "Finished" and response["run_result"]["return_code"] == 0
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=15)
+
+
+def test_cli_doctor_reports_layers(capsys):
+    from retool_env.cli import main
+
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    for layer in ("seccomp", "namespaces", "uid drop", "clean environment"):
+        assert layer in out
+    probes = {line.split()[0]: line for line in out.split("Live check")[1].splitlines()[3:] if line.strip()}
+    if "[on ] seccomp" in out:
+        assert all("blocked" in probes[name] for name in ("fork", "socket", "exec", "signal")), probes
+    if "[on ] read-only filesystem" in out:
+        assert "blocked" in probes["write"]
+
+
+def test_cli_is_import_light():
+    code = (
+        "import sys, retool_env; before = set(sys.modules); import retool_env.cli\n"
+        "print(sorted(m for m in ('sympy', 'numpy', 'httpx', 'torch') if m in set(sys.modules) - before))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

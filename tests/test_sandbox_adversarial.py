@@ -1,0 +1,277 @@
+"""Hostile code: each case returns within its timeout plus a margin, and the sandbox keeps serving, leaking nothing.
+
+All cases run concurrently against one sandbox (which also tests that they cannot hurt each other), once per module;
+each test then checks one case's result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+import time
+
+import pytest
+
+from retool_env.sandbox import ExecResult, LocalSandbox, isolation
+
+pytestmark = pytest.mark.timeout(120)
+
+SECRET = "retool-test-secret-8c1f2e"
+TIMEOUT = 2.0
+MARGIN = 2.5  # seconds past the timeout a result may take on a loaded two-core machine
+
+CASES: dict[str, str] = {
+    "empty": "",
+    "whitespace": "\n\n   \n",
+    "megabyte_of_code": "# " + "c" * 500_000 + "\ntext = '" + "t" * 500_000 + "'\nprint(len(text) + 1)",
+    "many_lines_of_code": "x = 1\n" * 10_000 + "print(x + 1)",
+    "syntax_error": "def f(:\n    return 1",
+    "busy_loop": "while True: pass",
+    "sleep_forever": "import time\ntime.sleep(10**6)",
+    "print_100mb_at_once": "print('x' * 100_000_000)",
+    "print_100mb_in_lines": "line = 'y' * 999\nfor _ in range(100_000): print(line)",
+    "allocate_10gb": "block = bytearray(10 * 1024**3)",
+    "grow_until_full": "blocks = []\nwhile True: blocks.append(bytearray(50 * 1024**2))",
+    "fork_1000": "import os\nfor _ in range(1000):\n    if os.fork() == 0:\n        import time; time.sleep(60)",
+    "setsid_then_fork": "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)",
+    "setsid": "import os\nos.setsid()",
+    "ignore_signals": (
+        "import signal\nfor s in (signal.SIGTERM, signal.SIGALRM, signal.SIGXCPU, signal.SIGINT, signal.SIGHUP):\n"
+        "    signal.signal(s, signal.SIG_IGN)\nwhile True: pass"
+    ),
+    "close_std_fds": "import os\nfor fd in (0, 1, 2): os.close(fd)\nprint('still here')",
+    "kill_parent": "import os\nos.kill(os.getppid(), 9)",
+    "kill_everyone": "import os, signal\nos.kill(-1, signal.SIGKILL)",
+    "os_exit": "print('bye', flush=True)\nimport os\nos._exit(0)",
+    "sys_exit_3": "import sys\nsys.exit(3)",
+    "raise_system_exit": "raise SystemExit",
+    "keyboard_interrupt": "raise KeyboardInterrupt",
+    "threads_500": (
+        "import threading, time\nthreads = [threading.Thread(target=time.sleep, args=(0.05,)) for _ in range(500)]\n"
+        "for t in threads: t.start()\nfor t in threads: t.join()\nprint(len(threads))"
+    ),
+    "read_environ": "import os\nprint(dict(os.environ))",
+    "read_proc_self_environ": "print(open('/proc/self/environ', 'rb').read())",
+    "read_parent_environ": "import os\nprint(open(f'/proc/{os.getppid()}/environ', 'rb').read())",
+    "read_trainer_environ": "print(open('/proc/{trainer}/environ', 'rb').read())",
+    "scan_all_environ": (
+        "import os\nfor pid in filter(str.isdigit, os.listdir('/proc')):\n    try: print(open(f'/proc/{pid}/environ', 'rb').read())\n"
+        "    except OSError as e: print(pid, e)"
+    ),
+    "tcp_to_localhost": "import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)\nprint('connected')",
+    "write_outside": "open('{outside}/escaped.txt', 'w').write('pwned')\nprint('wrote')",
+    "write_next_to_workdir": "open('../neighbour.txt', 'w').write('x')\nopen('/tmp/loose.txt', 'w').write('x')",
+    "ctypes_system": "import ctypes\nprint(ctypes.CDLL(None).system(b'touch {outside}/ctypes.txt'))",
+    "ctypes_segfault": "import ctypes\nctypes.string_at(0)",
+    "subprocess": "import subprocess\nprint(subprocess.run(['id'], capture_output=True))",
+    "deep_recursion": "import sys\nsys.setrecursionlimit(10**6)\ndef f(n): return f(n + 1)\nf(0)",
+    "huge_int": "x = 10**(10**8)",
+    "non_utf8_print": "import sys\nsys.stdout.buffer.write(b'\\xff\\xfe ok\\n')",
+}
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """Start the sandbox with a secret in our environment, run every case at once, and keep the results."""
+    outside = tmp_path_factory.mktemp("outside")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.setblocking(False)
+    os.environ["RETOOL_TEST_SECRET"] = SECRET
+    try:
+        sandbox = LocalSandbox(timeout=TIMEOUT, max_concurrency=8, prefork=4, memory_mb=512)
+        sandbox.start()
+    finally:
+        del os.environ["RETOOL_TEST_SECRET"]
+    port = listener.getsockname()[1]
+    codes = {
+        name: code.replace("{port}", str(port)).replace("{outside}", str(outside)).replace("{trainer}", str(os.getpid()))
+        for name, code in CASES.items()
+    }
+
+    async def timed(code: str) -> tuple[ExecResult, float]:
+        start = time.perf_counter()
+        result = await sandbox.run(code)
+        return result, time.perf_counter() - start
+
+    async def main():
+        baseline = await sandbox.info()
+        pairs = await asyncio.gather(*(timed(code) for code in codes.values()))
+        return baseline, dict(zip(codes, pairs, strict=True))
+
+    baseline, results = asyncio.run(main())
+    try:
+        accepted = listener.accept()
+        accepted[0].close()
+        connected = True
+    except BlockingIOError:
+        connected = False
+    listener.close()
+    yield {"sandbox": sandbox, "results": results, "outside": outside, "connected": connected, "baseline": baseline}
+    sandbox.close()
+
+
+def result(env, name: str) -> ExecResult:
+    return env["results"][name][0]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_case_returns_within_its_timeout(env, name):
+    res, elapsed = env["results"][name]
+    assert res.status in ("ok", "error", "timeout", "memory", "killed"), res
+    # All cases share 8 slots, so a case may wait for one: allow a few timeouts of queueing on top.
+    assert elapsed < 4 * TIMEOUT + MARGIN, (name, elapsed)
+    assert res.duration < TIMEOUT + MARGIN, (name, res.duration)
+
+
+@pytest.mark.parametrize("name", ["empty", "whitespace"])
+def test_empty_code(env, name):
+    assert result(env, name).status == "ok" and result(env, name).output == ""
+
+
+def test_large_code_runs(env):
+    assert result(env, "megabyte_of_code").output.strip() == "500001"
+    assert result(env, "many_lines_of_code").output.strip() == "2"
+
+
+def test_syntax_error(env):
+    res = result(env, "syntax_error")
+    assert res.status == "error" and "SyntaxError" in res.output
+
+
+@pytest.mark.parametrize("name", ["busy_loop", "sleep_forever", "ignore_signals", "huge_int"])
+def test_runaway_code_times_out(env, name):
+    res = result(env, name)
+    assert res.status == "timeout" and "TimeoutError" in res.output
+
+
+@pytest.mark.parametrize("name", ["print_100mb_at_once", "print_100mb_in_lines"])
+def test_output_floods_are_capped(env, name):
+    res = result(env, name)
+    assert len(res.stdout) < 20_000
+    if res.status == "ok":  # 100k prints may outlast the limit on a busy machine; the cap must hold either way
+        assert res.stdout_truncated and "bytes truncated" in res.stdout
+
+
+def test_memory_limit(env):
+    res = result(env, "allocate_10gb")
+    assert res.status == "memory" and "MemoryError" in res.output
+    # Filling memory touches every page, which may outlast a 2 s limit on a busy machine: either stop is right.
+    assert result(env, "grow_until_full").status in ("memory", "timeout")
+
+
+@pytest.mark.parametrize("name", ["fork_1000", "setsid_then_fork", "subprocess", "ctypes_system"])
+def test_no_new_processes(env, name):
+    if not env["sandbox"]._config["use_seccomp"]:
+        pytest.skip("seccomp is not available here")
+    res = result(env, name)
+    # glibc's system() answers 127 << 8 when it cannot start the shell.
+    assert "Operation not permitted" in res.output or res.output.strip() in ("-1", "32512"), res.output
+
+
+def test_std_fds_closed_still_prints(env):
+    assert result(env, "close_std_fds").output.strip() == "still here"
+
+
+@pytest.mark.parametrize("name", ["kill_parent", "kill_everyone"])
+def test_cannot_signal_other_processes(env, name):
+    if not env["sandbox"]._config["use_seccomp"]:
+        pytest.skip("seccomp is not available here")
+    assert "PermissionError" in result(env, name).output
+
+
+def test_exits(env):
+    assert result(env, "os_exit").status == "ok" and result(env, "os_exit").stdout == "bye\n"
+    sys_exit = result(env, "sys_exit_3")
+    assert sys_exit.status == "error" and sys_exit.exit_code == 3 and "SystemExit: 3" in sys_exit.output
+    assert result(env, "raise_system_exit").status == "ok" and result(env, "raise_system_exit").exit_code == 0
+    interrupt = result(env, "keyboard_interrupt")
+    assert interrupt.status == "error" and "KeyboardInterrupt" in interrupt.output
+
+
+def test_500_threads_fit_under_the_memory_limit(env):
+    res = result(env, "threads_500")
+    assert res.status == "ok" and res.output.strip() == "500", res.output
+
+
+def test_secret_appears_in_no_output(env):
+    # Without a pid namespace, a same-uid child can read the trainer's /proc/<pid>/environ: only namespaces stop that.
+    needs_namespace = {"read_trainer_environ", "scan_all_environ"}
+    for name, (res, _) in env["results"].items():
+        if env["sandbox"].wrapper == "none" and name in needs_namespace:
+            continue
+        assert SECRET not in res.output, name
+    assert "RETOOL_TEST_SECRET" not in result(env, "read_environ").output
+
+
+def test_no_network(env):
+    assert result(env, "tcp_to_localhost").status == "error"
+    assert not env["connected"]
+
+
+def test_host_files_are_out_of_reach(env):
+    if env["sandbox"].wrapper != "bwrap" and env["sandbox"]._config["drop_to_uid"] is None:
+        pytest.skip("a writable host filesystem needs bubblewrap or a uid drop to protect it")
+    assert not (env["outside"] / "escaped.txt").exists()
+    assert not (env["outside"] / "ctypes.txt").exists()
+
+
+def test_segfault_is_reported_as_killed(env):
+    res = result(env, "ctypes_segfault")
+    assert res.status == "killed" and "SIGSEGV" in res.output
+
+
+def test_deep_recursion_is_contained(env):
+    assert result(env, "deep_recursion").status in ("error", "memory", "timeout", "killed")
+
+
+def test_undecodable_output_is_replaced(env):
+    assert "ok" in result(env, "non_utf8_print").output
+
+
+def test_sandbox_keeps_serving_and_leaks_nothing(env):
+    sandbox = env["sandbox"]
+    after = sandbox.run_sync("print('alive')")
+    assert after.output == "alive\n"
+
+    async def settle():
+        for _ in range(50):  # the pool refills in the background
+            info = await sandbox.info()
+            if info["pool"] == env["baseline"]["pool"] and info["running"] == 0:
+                return info
+            await asyncio.sleep(0.1)
+        return info
+
+    info = asyncio.run(settle())
+    assert info == env["baseline"], (info, env["baseline"])  # same pool, no sessions, one directory per pool child
+    tree = _descendant_count(sandbox.server_pid)
+    wrapper_processes = {"bwrap": 2, "unshare": 1, "none": 0}[sandbox.wrapper]
+    assert tree == wrapper_processes + info["pool"], tree
+    if sandbox._process.jobs_dir:  # on the host: one directory per pool child, nothing else
+        assert len(os.listdir(sandbox._process.jobs_dir)) == info["pool"]
+
+
+def _descendant_count(pid: int) -> int:
+    parents = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    count, frontier = 0, {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier}
+        count += len(frontier)
+    return count
+
+
+def test_isolation_report_is_consistent():
+    layers = {layer.name: layer for layer in isolation.report()}
+    assert layers["clean environment"].active
+    assert all(layer.detail for layer in layers.values())
+    if sys.platform == "linux" and os.uname().machine == "x86_64":
+        assert layers["seccomp"].active

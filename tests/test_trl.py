@@ -1,0 +1,406 @@
+"""The TRL adapter and training/grpo_trl.py, on CPU with real parts: a tiny Qwen2 taught to call the interpreter,
+the real sandbox, Hugging Face generation through the trainer's own policy, and TRL's real GRPOTrainer (in process,
+to inspect the loss mask it uses, and once through `accelerate launch`, with LoRA).
+
+The only injected fault is a generator that fails on purpose, to check that a failed episode is never trained on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import types
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from accelerate import Accelerator
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from retool_adapters.trl import (
+    REWARD_WEIGHTS,
+    ReToolRollout,
+    _colocated_engine,
+    correctness,
+    env_reward,
+    episode_metrics,
+    index_problems,
+    problems_to_dataset,
+    question_of,
+    sampling_from_config,
+)
+from retool_adapters.trl_testing import build_tool_calling_qwen
+from retool_env.data import Problem, load_problems
+from retool_env.formats import make_format
+from retool_env.rollout import Generation
+from retool_env.trajectory import ToolCallRecord, Trajectory
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "training" / "grpo_trl.py"
+CONFIGS = ROOT / "training" / "configs"
+TINY_CONFIG = CONFIGS / "grpo_tiny_cpu.yaml"
+TEMPERATURE = 0.7
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Two busy cores: one intra-op thread avoids oversubscription that makes tiny-model generation 10x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def problems() -> list[Problem]:
+    return load_problems("arith", split="train", limit=2)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, problems) -> Path:
+    return build_tool_calling_qwen(tmp_path_factory.mktemp("tool_qwen"), problems)
+
+
+@pytest.fixture(scope="module")
+def policy(model_dir):
+    return AutoModelForCausalLM.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
+
+
+def trainer_like(model, tokenizer, **config):
+    """What ReToolRollout reads from a GRPOTrainer, around a real model and a real CPU Accelerator."""
+    args = {"use_vllm": False, "vllm_mode": "colocate", "temperature": TEMPERATURE, "top_p": 1.0, "top_k": 0,
+            "min_p": None, "repetition_penalty": 1.0, "max_completion_length": 128,
+            "ds3_gather_for_generation": True, "gradient_checkpointing_kwargs": None, **config}
+    metrics = defaultdict(list)
+    return types.SimpleNamespace(
+        args=types.SimpleNamespace(**args), accelerator=Accelerator(cpu=True), model=model, model_wrapped=model,
+        processing_class=tokenizer, eos_token_ids=[tokenizer.eos_token_id], metrics=metrics,
+        _log_metric=lambda name, value: metrics[name].append(value),
+    )
+
+
+class FailingFirstTurns:
+    """Wraps a real generator and fails the first `failures` first turns of one problem (an injected fault)."""
+
+    def __init__(self, generator, prompt_ids: list[int], failures: int) -> None:
+        self.generator, self.prompt_ids, self.failures = generator, list(prompt_ids), failures
+
+    async def generate(self, prompt_ids, **kwargs) -> Generation:
+        if list(prompt_ids) == self.prompt_ids and self.failures > 0:
+            self.failures -= 1
+            raise RuntimeError("injected generator failure")
+        return await self.generator.generate(prompt_ids, **kwargs)
+
+
+class FaultyRollout(ReToolRollout):
+    """The real rollout, generating through the trainer's own backend wrapped in `FailingFirstTurns`."""
+
+    def __init__(self, problems, *, failing: Problem, failures: int, **kwargs) -> None:
+        super().__init__(problems, **kwargs)
+        self.failing, self.failures = failing, failures
+        self.outputs: list[dict] = []
+
+    @contextlib.contextmanager
+    def _generation_backend(self, trainer):
+        prompt_ids = self._prompt_ids(self.failing, self._env_factory(trainer))
+        with super()._generation_backend(trainer) as generator:
+            yield FailingFirstTurns(generator, prompt_ids, self.failures)
+
+    def __call__(self, prompts, trainer):
+        output = super().__call__(prompts, trainer)
+        self.outputs.append(output)
+        return output
+
+
+def prompt_ids_of(rollout: ReToolRollout, problem: Problem, tokenizer) -> list[int]:
+    from retool_env.env import ToolEnvironment
+
+    env = ToolEnvironment(tokenizer, [problem], **{k: v for k, v in rollout.env_kwargs.items() if k == "tool_format"})
+    return env.reset(options={"problem": problem})[0].tolist()
+
+
+def mask_of(completion_ids: list[int], observation: list[int]) -> list[int] | None:
+    """The expected env_mask of an episode with one tool call: 0 on the observation's tokens, 1 elsewhere."""
+    for start in range(len(completion_ids) - len(observation) + 1):
+        if completion_ids[start : start + len(observation)] == observation:
+            return [1] * start + [0] * len(observation) + [1] * (len(completion_ids) - start - len(observation))
+    return None
+
+
+# ------------------------------------------------------------------------------------------------ the rollout
+def test_rollout_returns_trl_fields_with_real_logprobs_and_env_mask(policy, problems):
+    model, tokenizer = policy
+    trainer = trainer_like(model.train(), tokenizer)
+    rollout = ReToolRollout(problems, max_tool_calls=2)
+    prompts = [p.question for p in problems for _ in range(3)]  # TRL repeats each prompt num_generations times
+    out = rollout(prompts, trainer)
+
+    assert set(out) >= {"prompt_ids", "completion_ids", "logprobs", "env_mask", "env_reward", "correct",
+                        "num_tool_calls", "num_turns", "truncated", "aborted"}
+    assert all(len(values) == len(prompts) for values in out.values())
+    for i, problem in enumerate(p for p in problems for _ in range(3)):
+        assert out["prompt_ids"][i] == prompt_ids_of(rollout, problem, tokenizer)  # in order, mapped to its problem
+        ids, logprobs, mask = out["completion_ids"][i], out["logprobs"][i], out["env_mask"][i]
+        assert len(ids) == len(logprobs) == len(mask)
+        assert mask[0] == 1 and mask[-1] == 1  # the model opens and closes the episode
+        assert all(lp == 0.0 for lp, m in zip(logprobs, mask, strict=True) if not m)
+        # The logprobs are the policy's own, token for token: teacher-force the episode and compare.
+        sequence = torch.tensor([out["prompt_ids"][i] + ids])
+        with torch.no_grad():
+            logits = model(sequence).logits[0, len(out["prompt_ids"][i]) - 1 : -1] / TEMPERATURE
+        expected = logits.log_softmax(-1).gather(1, torch.tensor(ids)[:, None])[:, 0]
+        model_positions = torch.tensor(mask, dtype=torch.bool)
+        torch.testing.assert_close(torch.tensor(logprobs)[model_positions], expected[model_positions],
+                                   atol=1e-4, rtol=1e-4)
+    # Sampled episodes: the taught model almost always calls once (interpreter tokens, mask 0), then answers 42.
+    assert sum(0 in mask for mask in out["env_mask"]) >= 5 and out["num_tool_calls"].count(1) >= 5
+    assert out["aborted"] == [False] * 6 and out["correct"] == [False] * 6
+    for calls, reward in zip(out["num_tool_calls"], out["env_reward"], strict=True):
+        assert reward == pytest.approx(min(-0.6, -1 + 0.1 * calls))  # the environment's ReTool reward, wrong answer
+    assert model.training  # generation ran in eval mode and put the policy back
+    assert trainer.metrics["retool/tool_calls_per_episode"] == [float(k) for k in out["num_tool_calls"]]
+    assert len(trainer.metrics["retool/tool_error_rate"]) == sum(out["num_tool_calls"])  # one value per call
+    assert env_reward([""] * 6, **{k: v for k, v in out.items() if k != "env_reward"},
+                      env_reward=out["env_reward"]) == out["env_reward"]
+    assert correctness([""] * 6, correct=out["correct"]) == [0.0] * 6
+
+
+def test_failed_episode_is_a_masked_unscored_stand_in(policy, problems):
+    model, tokenizer = policy
+    trainer = trainer_like(model, tokenizer)
+    rollout = FaultyRollout(problems, failing=problems[1], failures=2, max_tool_calls=2)
+    prompts = [p.question for p in problems for _ in range(3)]
+    out = rollout(prompts, trainer)
+
+    assert out["aborted"] == [False, False, False, True, True, False]
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    for i in (3, 4):
+        assert out["prompt_ids"][i] == prompt_ids_of(rollout, problems[1], tokenizer)
+        assert out["completion_ids"][i] == [end] and out["env_mask"][i] == [0] and out["logprobs"][i] == [0.0]
+        assert out["env_reward"][i] is None and out["correct"][i] is None
+    assert out["finish_reason"][3].startswith("aborted") and "injected" in out["finish_reason"][3]
+    scores = env_reward([""] * 6, env_reward=out["env_reward"])
+    assert scores[3] is None and scores[4] is None and scores[5] == out["env_reward"][5] < 0
+    assert trainer.metrics["retool/aborted"] == [0.0, 0.0, 0.0, 1.0, 1.0, 0.0]
+    assert len(trainer.metrics["retool/accuracy"]) == 4  # failed episodes count only as aborted
+
+    everything_fails = FaultyRollout(problems[1:], failing=problems[1], failures=10, max_tool_calls=2)
+    with pytest.raises(RuntimeError, match="every episode of the batch failed"):
+        everything_fails([problems[1].question] * 2, trainer)
+
+
+def test_prompts_map_back_to_their_problems(problems):
+    rollout = ReToolRollout(problems)
+    question = problems[0].question
+    assert rollout.problem_for(question) is problems[0]
+    assert rollout.problem_for([{"role": "system", "content": "s"}, {"role": "user", "content": question}]) \
+        is problems[0]
+    with pytest.raises(KeyError, match="not one of ReToolRollout's 2 problems"):
+        rollout.problem_for("What is 1 + 1?")
+    with pytest.raises(TypeError):
+        question_of([{"role": "assistant", "content": question}])
+    same = dataclasses.replace(problems[0], id="copy")
+    assert index_problems([problems[0], same])[question] is problems[0]  # the same problem twice is fine
+    with pytest.raises(ValueError, match="appears with two answers"):
+        index_problems([problems[0], dataclasses.replace(problems[0], answer="-1")])
+    dataset = problems_to_dataset(problems)
+    assert dataset["prompt"] == [p.question for p in problems] and dataset["answer"] == [p.answer for p in problems]
+
+
+def test_sampling_follows_grpo_config():
+    config = types.SimpleNamespace(temperature=0.6, top_p=0.9, top_k=0, min_p=None, repetition_penalty=1.0)
+    sampling = sampling_from_config(config)
+    assert (sampling.temperature, sampling.top_p, sampling.top_k) == (0.6, 0.9, -1)  # TRL's 0 is vLLM's -1: off
+    assert sampling_from_config(types.SimpleNamespace(**{**vars(config), "top_k": 20})).top_k == 20
+    with pytest.raises(ValueError, match="repetition_penalty"):
+        sampling_from_config(types.SimpleNamespace(**{**vars(config), "repetition_penalty": 1.1}))
+
+
+def test_tool_rates_are_pooled_over_calls_and_aborts_counted_apart():
+    def episode(*statuses: str) -> Trajectory:
+        traj = Trajectory(prompt_ids=[1], finish_reason="answer")
+        traj.append_model([5, 6], [-0.1, -0.2])
+        traj.tool_calls = [ToolCallRecord("print(1)", "", status) for status in statuses]
+        traj.correct = traj.strict_correct = False
+        return traj
+
+    aborted = Trajectory(prompt_ids=[], finish_reason="aborted: boom")
+    metrics = episode_metrics([episode("ok", "timeout", "error"), episode("ok"), episode("invalid", "skipped"),
+                               aborted])
+    assert metrics["retool/aborted"] == [0.0, 0.0, 0.0, 1.0]
+    assert metrics["retool/tool_calls_per_episode"] == [3.0, 1.0, 0.0]  # invalid and skipped calls did not run
+    assert sum(metrics["retool/tool_error_rate"]) / len(metrics["retool/tool_error_rate"]) == 3 / 5
+    assert metrics["retool/tool_timeout_rate"] == [0.0, 1.0, 0.0, 0.0, 0.0]
+    assert "retool/tool_error_rate" not in episode_metrics([episode()])  # no calls: no rate, not a rate of 0
+
+
+def test_colocated_vllm_is_woken_for_the_rollout_and_put_back_to_sleep():
+    """vLLM cannot run in this venv (tests/vllm runs the server path), so a recording stand-in for TRL's
+    VLLMGeneration checks the sleep-mode protocol TRL's own colocate generation follows."""
+    calls = []
+
+    class Engine:
+        def wake_up(self, tags):
+            calls.append(("wake_up", tags))
+
+        def sleep(self, level):
+            calls.append(("sleep", level))
+
+    class VLLMGeneration:
+        tensor_parallel_size, enable_sleep_mode, _llm_weights_sleeping, llm = 1, True, True, Engine()
+
+        def sync_weights(self):  # TRL's sync wakes the weights before loading them
+            calls.append("sync_weights")
+            self._llm_weights_sleeping = False
+
+    trainer = types.SimpleNamespace(vllm_generation=VLLMGeneration())
+    with _colocated_engine(trainer) as engine:
+        assert engine is trainer.vllm_generation.llm
+        calls.append("generate")
+    # Asleep at level 2 the engine had dropped its weights: they are pushed again before generating.
+    assert calls == ["sync_weights", ("wake_up", ["kv_cache"]), "generate", ("sleep", 2)]
+    assert trainer.vllm_generation._llm_weights_sleeping
+    trainer.vllm_generation.tensor_parallel_size = 2
+    with pytest.raises(NotImplementedError, match="server"), _colocated_engine(trainer):
+        pass
+
+
+# ---------------------------------------------------------------------------------------- the real GRPOTrainer
+def test_grpo_trainer_masks_env_tokens_feeds_extras_to_rewards_and_logs_metrics(model_dir, problems, tmp_path,
+                                                                                 monkeypatch):
+    from trl import GRPOConfig, GRPOTrainer
+
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    reward_calls: list[dict] = []
+
+    def recording_reward(completions, **kwargs):
+        reward_calls.append(kwargs)
+        return [None] * len(completions)  # None everywhere: it never makes a failed episode scorable
+
+    # Two problems per batch of 8 (4 generations each); two episodes of the second problem fail on purpose.
+    rollout = FaultyRollout(problems, failing=problems[1], failures=2, max_tool_calls=2)
+    args = GRPOConfig(
+        output_dir=str(tmp_path), use_cpu=True, bf16=False, gradient_checkpointing=False, seed=0, max_steps=2,
+        per_device_train_batch_size=8, num_generations=4, max_completion_length=128, temperature=TEMPERATURE,
+        learning_rate=1e-4, logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True,
+        reward_weights=[*REWARD_WEIGHTS, 0.0],
+    )
+    trainer = GRPOTrainer(model=str(model_dir), reward_funcs=[env_reward, correctness, recording_reward], args=args,
+                          train_dataset=problems_to_dataset(problems), processing_class=tokenizer,
+                          rollout_func=rollout)
+    loss_inputs: list[dict] = []
+    compute_loss = trainer._compute_loss
+
+    def capturing_compute_loss(model, inputs):  # the batch exactly as the loss sees it
+        loss_inputs.append({key: value.detach().clone() for key, value in inputs.items()
+                            if key in ("completion_ids", "completion_mask", "tool_mask", "advantages")})
+        return compute_loss(model, inputs)
+
+    trainer._compute_loss = capturing_compute_loss
+    observation = make_format("hermes", tokenizer).observation_ids(["42\n"])  # what print(6 * 7) shows the model
+    trainer.train()
+
+    assert len(rollout.outputs) == len(loss_inputs) == len(reward_calls) == 2
+    for out, inputs, rewarded in zip(rollout.outputs, loss_inputs, reward_calls, strict=True):
+        # Environment tokens carry no loss: the mask the loss uses is the rollout's env_mask, row by row.
+        masks_by_completion = defaultdict(set)
+        for ids, mask in zip(out["completion_ids"], out["env_mask"], strict=True):
+            masks_by_completion[tuple(ids)].add(tuple(mask))
+        loss_mask = inputs["completion_mask"] * inputs["tool_mask"]
+        for row in range(len(loss_mask)):
+            length = int(inputs["completion_mask"][row].sum())
+            (env_mask,) = masks_by_completion[tuple(inputs["completion_ids"][row, :length].tolist())]
+            assert loss_mask[row, :length].tolist() == list(env_mask) and not loss_mask[row, length:].any()
+            if not any(env_mask):  # a failed episode: no loss and, its reward being NaN, no advantage
+                assert inputs["advantages"][row].item() == 0.0
+        # And env_mask is 0 exactly on the interpreter's tokens: the tool turn showing "42", found by its ids.
+        checked = 0
+        for ids, mask, calls in zip(out["completion_ids"], out["env_mask"], out["num_tool_calls"], strict=True):
+            if calls == 1:
+                assert mask == mask_of(ids, observation), tokenizer.decode(ids)
+                checked += 1
+        assert checked >= 4 and out["aborted"].count(True) == 2
+        # The extra fields reach the reward functions, aligned with the completions, next to the dataset columns.
+        for field in ("env_reward", "correct", "num_tool_calls", "num_turns", "truncated", "aborted", "finish_reason"):
+            assert rewarded[field] == out[field]
+        assert rewarded["answer"] == [rollout.problem_for(prompt).answer for prompt in rewarded["prompts"]]
+
+    logged = [entry for entry in trainer.state.log_history if "retool/accuracy" in entry]
+    assert len(logged) == 2
+    for entry in logged:
+        assert entry["retool/tool_calls_per_episode"] > 0.5 and entry["retool/turns"] > 1.5
+        assert entry["retool/aborted"] == pytest.approx(0.25) and entry["retool/accuracy"] == 0.0
+        assert entry["rewards/correctness/mean"] == 0.0 and math.isfinite(entry["loss"])
+    for entry, out in zip(logged, rollout.outputs, strict=True):  # failed episodes are left out of the mean
+        scored = [reward for reward in out["env_reward"] if reward is not None]
+        assert entry["rewards/env_reward/mean"] == pytest.approx(sum(scored) / len(scored))
+
+
+@pytest.mark.slow  # about a minute on two busy cores: two Python start-ups with torch, the sandbox, three steps
+def test_accelerate_launch_with_lora_trains_saves_and_logs(model_dir, tmp_path):
+    """The user's entry point, as a subprocess: the tiny CPU config, the taught model, LoRA on."""
+    output_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "1",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(SCRIPT),
+               "--config", str(TINY_CONFIG), "--model_name_or_path", str(model_dir), "--output_dir", str(output_dir),
+               "--max_steps", "2", "--dataset_limit", "2", "--temperature", str(TEMPERATURE),
+               "--max_completion_length", "128", "--use_peft", "--lora_r", "8"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    start = time.monotonic()
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    print(f"accelerate launch: {time.monotonic() - start:.1f} s")
+
+    assert json.loads((output_dir / "adapter_config.json").read_text())["r"] == 8  # a LoRA adapter was trained
+    history = json.loads((output_dir / "trainer_state.json").read_text())["log_history"]
+    steps = [entry for entry in history if "retool/tool_calls_per_episode" in entry]
+    assert len(steps) == 2
+    assert all(entry["retool/tool_calls_per_episode"] > 0.5 and entry["retool/aborted"] == 0.0 for entry in steps)
+    assert all("rewards/env_reward/mean" in entry and "retool/truncation_rate" in entry for entry in steps)
+
+
+# --------------------------------------------------------------------------------------------------- the configs
+def grpo_parser():
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import grpo_trl
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    return grpo_trl
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS.glob("grpo_*.yaml")), ids=lambda path: path.name)
+def test_each_shipped_config_parses(config):
+    from trl import GRPOConfig, ModelConfig
+
+    grpo_trl = grpo_parser()
+    known = {f.name for cls in (grpo_trl.EnvArguments, GRPOConfig, ModelConfig) for f in dataclasses.fields(cls)}
+    keys = set(yaml.safe_load(config.read_text()))
+    assert keys <= known, f"not fields of EnvArguments, GRPOConfig or ModelConfig: {sorted(keys - known)}"
+    # bf16 configs are for GPUs; on this CPU machine only use_cpu lets TrainingArguments validate them.
+    env_args, training_args, model_args = grpo_trl.make_parser().parse_args_and_config(
+        ["--config", str(config), "--use_cpu", "true"])
+    assert training_args.generation_batch_size % training_args.num_generations == 0
+    if "qwen3_4b" in config.name:
+        assert (training_args.learning_rate, training_args.epsilon, training_args.epsilon_high) == (1e-6, 0.2, 0.28)
+        assert training_args.beta == 0.0 and training_args.num_generations == 8 and training_args.use_vllm
+        assert model_args.model_name_or_path == "Qwen/Qwen3-4B-Instruct-2507" and env_args.dataset == "dapo"
+
+
+@pytest.mark.parametrize("config", [CONFIGS / "accelerate" / name for name in ("zero2.yaml", "zero3.yaml")],
+                         ids=lambda path: path.name)
+def test_each_accelerate_config_loads(config):
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    cluster = ClusterConfig.from_yaml_file(str(config))  # rejects unknown keys
+    assert cluster.distributed_type == "DEEPSPEED" and cluster.num_processes == 8
+    assert cluster.deepspeed_config["zero_stage"] in (2, 3)
