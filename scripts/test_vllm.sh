@@ -4,4 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup_vllm.sh
-exec .venv-vllm/bin/python -m pytest -q tests/vllm "$@"
+.venv-vllm/bin/python -m pytest -q tests/vllm "$@"
+# The slime adapter's vLLM-router wire format, checked against vLLM's own request and response models.
+.venv-vllm/bin/python -m pytest -q tests/test_adapter_slime.py -k vllm
