@@ -50,6 +50,24 @@ def _doctor(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def _eval(eval_args: Sequence[str]) -> int:
+    """Run training/eval.py of the source checkout (it needs the `train` extra for Hugging Face generation)."""
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "training" / "eval.py"
+    if not script.exists():
+        print("retool-env eval runs training/eval.py from a source checkout (pip install -e .); none found at "
+              f"{script}", file=sys.stderr)
+        return 2
+    spec = importlib.util.spec_from_file_location("retool_training_eval", script)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
+    spec.loader.exec_module(module)
+    module.main(list(eval_args))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="retool-env", description="ReTool-Env: a code-interpreter gym for LLMs.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -67,10 +85,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     doctor = commands.add_parser("doctor", help="show which sandbox isolation layers work on this machine")
     doctor.set_defaults(func=_doctor)
+
+    evaluate = commands.add_parser("eval", help="evaluate a model (training/eval.py; --help for its options)",
+                                   add_help=False)
+    evaluate.add_argument("eval_args", nargs=argparse.REMAINDER, help="arguments for training/eval.py")
+    evaluate.set_defaults(func=lambda args: _eval(args.eval_args))
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["eval"]:  # everything after `eval` belongs to training/eval.py, --help included
+        return _eval(argv[1:])
     args = build_parser().parse_args(argv)
     return args.func(args)
 

@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -453,3 +456,19 @@ def test_cli_is_import_light():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_bwrap_keeps_a_checkout_under_tmp_visible(monkeypatch):
+    """bubblewrap's private /tmp would hide a venv or checkout living under /tmp (a CI clone, say)."""
+    from retool_env.sandbox import isolation
+
+    checkout = Path(tempfile.mkdtemp(dir="/tmp"))
+    try:
+        monkeypatch.setattr(sys, "path", [*sys.path, str(checkout), str(checkout / "sub")])
+        (checkout / "sub").mkdir()
+        args = isolation.bwrap_args(keep_caps=False)
+        binds = [args[i + 1] for i, a in enumerate(args) if a == "--ro-bind"]
+        assert str(checkout) in binds and str(checkout / "sub") not in binds  # nested paths bound once
+        assert args.index("--tmpfs") < args.index(str(checkout))  # bound after /tmp is replaced
+    finally:
+        shutil.rmtree(checkout)

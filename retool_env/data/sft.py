@@ -4,6 +4,10 @@ ReTool-SFT stores each trajectory as one assistant string interleaving reasoning
 outputs and a final `<answer>`; verl's preprocessing turns it into tool-calling messages. Both parse into the same
 `Segment` list, and each renderer says which characters or messages are trained: interpreter output never is, since
 the model did not write it (the ReTool paper masks it from the loss).
+
+For training, `retool_env.data.coldstart` replays these segments through the environment itself
+(`retool_sft_solutions`, `build_coldstart`), so SFT tokens and loss masks are exactly those of an RL trajectory; the
+renderers below produce message-level data for frameworks that tokenize conversations themselves.
 """
 
 from __future__ import annotations

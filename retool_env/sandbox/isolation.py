@@ -34,9 +34,20 @@ def _probe(cmd: list[str], timeout: float = 10.0) -> str | None:
     return (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
 
 
+def _python_paths_under_tmp() -> list[str]:
+    """Where the server's Python and this package live, if under /tmp: the private /tmp would hide them."""
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    candidates = {sys.prefix, sys.base_prefix, os.path.dirname(sys.executable), package_root, *sys.path}
+    found = sorted({os.path.realpath(p) for p in candidates if p} | {p for p in candidates if p})
+    under_tmp = [p for p in found if p.startswith("/tmp/") and os.path.exists(p)]
+    return [p for p in under_tmp if not any(p.startswith(q + "/") for q in under_tmp)]
+
+
 def bwrap_args(keep_caps: bool) -> list[str]:
     """A read-only view of the host, private /tmp, /dev and /proc, and new pid/net/ipc/uts namespaces."""
     args = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    for path in _python_paths_under_tmp():  # a checkout or venv under /tmp stays visible, read-only
+        args += ["--ro-bind", path, path]
     args += ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     args += ["--new-session", "--hostname", "sandbox"]
     if keep_caps:  # the server needs these to drop its children to another uid; the children lose them

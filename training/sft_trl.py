@@ -1,0 +1,149 @@
+"""Cold-start SFT (ReTool's first stage) with TRL's SFTTrainer, on data replayed through ReTool-Env.
+
+Every example is a solution replayed turn by turn through `ToolEnvironment` (`retool_env.data.coldstart`): the
+environment runs the code (or, for ReTool-SFT, answers with the recorded interpreter outputs), inserts the
+interpreter's answer and grades the result. The SFT example is that trajectory's tokens, exactly what RL produces,
+and the loss covers only the tokens the model wrote: the prompt and every interpreter/tool token are masked, as the
+ReTool paper masks interpreter feedback (slime's SFT example trains on it; verl masks it by role).
+
+    # Offline CPU smoke run: a tiny random Qwen2 on procedural cold-start data (training/configs/sft_tiny_cpu.yaml)
+    python training/sft_trl.py
+
+    # The recipe: Qwen3-4B-Instruct-2507 on ReTool-SFT, 8 GPUs
+    accelerate launch --config_file training/configs/accelerate/zero3.yaml \
+        training/sft_trl.py --config training/configs/sft_qwen3_4b_retool.yaml
+
+Arguments come from three dataclasses, read from a YAML file (`--config`) and the command line alike:
+`DataArguments` below, TRL's `SFTConfig` and TRL's `ModelConfig` (LoRA with `--use_peft`).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TINY_CPU_CONFIG = Path(__file__).parent / "configs" / "sft_tiny_cpu.yaml"
+
+
+@dataclass
+class DataArguments:
+    """The cold-start data: where solutions come from, how they are written, and the replaying environment."""
+
+    dataset: str = field(default="arith", metadata={
+        "help": "arith (procedural cold-start solutions written here and run in the sandbox), or ReTool-SFT: "
+                "JoeYing/ReTool-SFT or a local parquet/jsonl file or folder of it (replayed with its recorded "
+                "interpreter outputs)."})
+    dataset_split: str = field(default="train", metadata={"help": "Split of the arith problems (train or test)."})
+    dataset_limit: int | None = field(default=None, metadata={"help": "Use at most this many problems or rows."})
+    levels: list[str] | None = field(default=None, metadata={"help": "arith levels to use (default: all)."})
+    coldstart_seed: int = field(default=0, metadata={
+        "help": "Seed of which arith problem gets which kind of solution (and which bug)."})
+    text_share: float = field(default=0.2, metadata={"help": "Share of tool-free arith solutions, per level."})
+    self_correct_share: float = field(default=0.2, metadata={
+        "help": "Share of arith solutions whose first code fails and is fixed after reading the error, per level."})
+    tool_format: str = field(default="retool", metadata={
+        "help": "retool (the paper's <code>/<interpreter>) or hermes (<tool_call> JSON, tool turns of the chat "
+                "template). Use the format the RL stage will use."})
+    prompt: str | None = field(default=None, metadata={
+        "help": "Prompt template (retool, dapo, slime, plain); default: the tool format's own."})
+    sandbox: str = field(default="local", metadata={
+        "help": "Where arith code runs: local (the embedded sandbox) or a SandboxFusion /run_code URL."})
+    tool_timeout: float = field(default=10.0, metadata={"help": "Seconds one tool call may run."})
+    max_tool_calls: int = field(default=32, metadata={"help": "Tool calls allowed per replayed episode."})
+    max_completion_tokens: int = field(default=16384, metadata={
+        "help": "Token budget of a replayed episode after the prompt; longer solutions are cut and then dropped."})
+    max_observation_tokens: int = field(default=1024, metadata={
+        "help": "Tokens of one interpreter output kept (head and tail), as the RL environment shows them."})
+    require_correct: bool = field(default=True, metadata={
+        "help": "Drop replays the environment does not grade correct (a budget cut the answer off, no answer)."})
+
+
+def coldstart_rows(data_args: DataArguments, tokenizer) -> list[dict]:
+    """Replayed cold-start rows (`input_ids`, `assistant_masks`, id, level, kind, ...) for the data arguments."""
+    from retool_env.data import arith_solutions, arith_split, build_coldstart, load_retool_sft, retool_sft_solutions
+
+    if data_args.dataset == "arith":  # procedural solutions written here, their code run in the sandbox
+        problems = arith_split(data_args.dataset_split, data_args.dataset_limit, data_args.levels)
+        solutions = arith_solutions(problems, seed=data_args.coldstart_seed, text_share=data_args.text_share,
+                                    self_correct_share=data_args.self_correct_share)
+    else:  # ReTool-SFT's trajectories, answered with their recorded interpreter outputs
+        solutions = retool_sft_solutions(load_retool_sft(data_args.dataset, limit=data_args.dataset_limit))
+    rows = build_coldstart(
+        solutions,
+        tokenizer,
+        tool_format=data_args.tool_format,
+        sandbox=data_args.sandbox,
+        require_correct=data_args.require_correct,
+        prompt=data_args.prompt,
+        tool_timeout=data_args.tool_timeout,
+        max_tool_calls=data_args.max_tool_calls,
+        max_completion_tokens=data_args.max_completion_tokens,
+        max_observation_tokens=data_args.max_observation_tokens,
+    )
+    if not rows:
+        raise ValueError(f"none of the {len(solutions)} solutions replayed correctly; check the budgets "
+                         f"(max_completion_tokens, max_tool_calls) and the tool format")
+    if len(rows) < len(solutions):
+        print(f"dropped {len(solutions) - len(rows)} of {len(solutions)} solutions: wrong or over a budget on replay")
+    return rows
+
+
+def main(data_args: DataArguments, training_args, model_args) -> None:
+    # Heavy imports here, so that `--help` is instant.
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import SFTTrainer, get_peft_config, get_quantization_config
+
+    # 1. The model. Without one, build a tiny random Qwen2 (offline, seconds) so the script runs anywhere.
+    if model_args.model_name_or_path is None:
+        from retool_adapters.offline_models import build_tiny_qwen
+
+        model_args.model_name_or_path = str(build_tiny_qwen(Path(training_args.output_dir) / "tiny-model"))
+    tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision)
+    training_args.model_init_kwargs = {
+        "revision": model_args.model_revision,
+        "attn_implementation": model_args.attn_implementation,
+        "dtype": model_args.dtype,
+        **(training_args.model_init_kwargs or {}),
+    }
+
+    # 2. The data: solutions replayed through the environment; tokens and loss mask are those of an RL trajectory.
+    rows = coldstart_rows(data_args, tokenizer)
+    trained = sum(sum(row["assistant_masks"]) for row in rows)
+    total = sum(len(row["input_ids"]) for row in rows)
+    print(f"cold-start data: {len(rows)} solutions {dict(Counter(row['kind'] for row in rows))}; {trained} of {total} "
+          f"tokens trained (prompt and interpreter tokens masked)")
+
+    # 3. SFTTrainer on pre-tokenized rows: labels are input_ids where `assistant_masks` is 1, -100 elsewhere.
+    train_dataset = Dataset.from_list([{"input_ids": row["input_ids"], "assistant_masks": row["assistant_masks"]}
+                                       for row in rows])
+    trainer = SFTTrainer(
+        model=model_args.model_name_or_path,
+        args=training_args,
+        train_dataset=train_dataset,
+        processing_class=tokenizer,
+        quantization_config=get_quantization_config(model_args),
+        peft_config=get_peft_config(model_args),
+    )
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+
+    # 4. Save the model (the LoRA adapter under --use_peft) with its tokenizer, and the log history.
+    trainer.save_model(training_args.output_dir)
+    trainer.save_state()
+    trainer.accelerator.print(f"Model and trainer_state.json saved to {training_args.output_dir}.")
+    trainer.end()
+
+
+def make_parser():
+    from trl import ModelConfig, SFTConfig, TrlParser
+
+    return TrlParser((DataArguments, SFTConfig, ModelConfig))
+
+
+if __name__ == "__main__":
+    # No arguments at all: the offline CPU smoke run.
+    argv = sys.argv[1:] or ["--config", str(TINY_CPU_CONFIG)]
+    data_args, training_args, model_args = make_parser().parse_args_and_config(argv)
+    main(data_args, training_args, model_args)
