@@ -11,6 +11,7 @@ import pytest
 
 from retool_env import Problem, ToolEnvironment
 from retool_env.rollout import Generation, run_episode, run_episodes
+from retool_env.sandbox import LocalSandbox
 
 
 class Solver:
@@ -65,15 +66,38 @@ def test_run_episodes_in_order_and_grouped(tiny_tok):
     assert all(t.correct and t.reward == 1.0 and not t.aborted for t in trajs)
 
 
+class GatedSandbox(LocalSandbox):
+    """Holds the slow problem's tool call until every other episode has finished (30 s at most).
+
+    Under batch lockstep the other episodes could not finish while a tool call of their round is pending, so the
+    gate would never open and the slow episode would come back aborted by its timeout.
+    """
+
+    def __init__(self, others_done, **kwargs):
+        super().__init__(**kwargs)
+        self.others_done = others_done
+
+    async def run(self, code, **kwargs):
+        if "12 * 34" in code:
+            await asyncio.wait_for(self.others_done(), 30)
+        return await super().run(code, **kwargs)
+
+
 def test_no_lockstep_a_slow_tool_call_holds_back_only_its_episode(tiny_tok):
-    solver = Solver(tiny_tok, slow={"12"})
-    start = time.monotonic()
-    trajs = asyncio.run(run_episodes(PROBLEMS, factory(tiny_tok), solver, concurrency=len(PROBLEMS), progress=False))
-    assert all(t.correct for t in trajs)
-    slow_done = solver.finished_at.pop("12")
-    assert slow_done - start >= 1.5
-    # Every other episode finished while the slow tool call was still running.
-    assert max(solver.finished_at.values()) < slow_done - 0.5
+    solver = Solver(tiny_tok)
+
+    async def others_done():
+        while len(solver.finished_at) < len(PROBLEMS) - 1:
+            await asyncio.sleep(0.01)
+
+    sandbox = GatedSandbox(others_done)
+    try:
+        trajs = asyncio.run(run_episodes(PROBLEMS, lambda: ToolEnvironment(tiny_tok, PROBLEMS, sandbox=sandbox),
+                                         solver, concurrency=len(PROBLEMS), episode_timeout=60, progress=False))
+    finally:
+        sandbox.close()
+    assert all(t.correct and not t.aborted for t in trajs)
+    assert max(solver.finished_at, key=solver.finished_at.get) == "12"  # the held episode finished last
 
 
 def test_a_failing_episode_is_aborted_not_fatal(tiny_tok):
