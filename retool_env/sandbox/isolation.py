@@ -34,7 +34,7 @@ def _probe(cmd: list[str], timeout: float = 10.0) -> str | None:
     return (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
 
 
-def _python_paths_under_tmp() -> list[str]:
+def python_paths_under_tmp() -> list[str]:
     """Where the server's Python and this package live, if under /tmp: the private /tmp would hide them."""
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     candidates = {sys.prefix, sys.base_prefix, os.path.dirname(sys.executable), package_root, *sys.path}
@@ -46,7 +46,7 @@ def _python_paths_under_tmp() -> list[str]:
 def bwrap_args(keep_caps: bool) -> list[str]:
     """A read-only view of the host, private /tmp, /dev and /proc, and new pid/net/ipc/uts namespaces."""
     args = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
-    for path in _python_paths_under_tmp():  # a checkout or venv under /tmp stays visible, read-only
+    for path in python_paths_under_tmp():  # a checkout or venv under /tmp stays visible, read-only
         args += ["--ro-bind", path, path]
     args += ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     args += ["--new-session", "--hostname", "sandbox"]

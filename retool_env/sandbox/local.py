@@ -74,6 +74,7 @@ class _Process:
             "lifeline_fd": lifeline_r,
             "jobs_dir": self.jobs_dir or isolation.SANDBOX_JOBS_DIR,
             "scratch_dirs": ["/tmp"] if self.wrapper == "bwrap" else [],
+            "scratch_keep": isolation.python_paths_under_tmp() if self.wrapper == "bwrap" else [],
         }
         bootstrap = _BOOTSTRAP.format(root=_PACKAGE_ROOT, sandbox=_SANDBOX_DIR)
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 - the server writes to it for its whole life

@@ -89,6 +89,7 @@ class Config:
     max_sessions: int = 64
     use_seccomp: bool = True
     scratch_dirs: list[str] = field(default_factory=list)  # emptied of anything a child left behind
+    scratch_keep: list[str] = field(default_factory=list)  # host paths bound inside a scratch dir: never swept
     drop_to_uid: int | None = None
     preload: list[str] = field(default_factory=lambda: list(PRELOAD))
 
@@ -341,7 +342,8 @@ class Server:
         for directory in [self.config.jobs_dir, *self.config.scratch_dirs]:
             with contextlib.suppress(OSError):
                 for entry in os.scandir(directory):
-                    if entry.path in known:
+                    if entry.path in known or any(k == entry.path or k.startswith(entry.path + "/")
+                                                  for k in self.config.scratch_keep):
                         continue
                     if entry.is_dir(follow_symlinks=False):
                         shutil.rmtree(entry.path, ignore_errors=True)
