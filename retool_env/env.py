@@ -250,8 +250,9 @@ class ToolEnvironment(gym.Env):
             traj.finish_reason = "length"
             return True
         if parsed.is_final:  # includes a turn that stopped early without an end token: read it as the answer
-            traj.finish_reason = "answer"
-            return len(traj.completion_ids) > self.max_completion_tokens
+            overrun = len(traj.completion_ids) > self.max_completion_tokens  # a generator that ignored the budget
+            traj.finish_reason = "max_completion_tokens" if overrun else "answer"
+            return overrun
         if traj.num_tool_calls + sum(c.code is not None for c in parsed.tool_calls) > self.max_tool_calls:
             traj.tool_calls.extend(ToolCallRecord(c.code, "", "skipped", turn=turn) for c in parsed.tool_calls)
             traj.finish_reason = "max_tool_calls"

@@ -189,6 +189,13 @@ def test_max_completion_tokens_truncates_before_overflowing(tiny_tok):
     assert len(env.trajectory.completion_ids) == len(action) <= 60
 
 
+def test_an_answer_past_the_budget_is_truncated(tiny_tok):
+    env = make_env(tiny_tok, max_completion_tokens=5)
+    env.reset(options={"index": 1})
+    _, reward, terminated, truncated, info = env.step(ids(tiny_tok, "The product is \\boxed{42}, clearly."))
+    assert truncated and not terminated and info["finish_reason"] == "max_completion_tokens"
+
+
 def test_max_new_tokens_and_turn_cap(tiny_tok):
     env = make_env(tiny_tok, max_completion_tokens=2000, max_turn_tokens=100)
     _, info = env.reset(options={"index": 1})
