@@ -105,9 +105,6 @@ class Trajectory:
     def num_model_tokens(self) -> int:
         return sum(self.env_mask)
 
-    def model_text_spans(self) -> list[tuple[int, int]]:
-        return [(turn.start, turn.end) for turn in self.turns]
-
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data.update(num_tool_calls=self.num_tool_calls, num_turns=self.num_turns)
