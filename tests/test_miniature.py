@@ -21,12 +21,16 @@ def test_miniature_smoke_writes_run_folder(tmp_path):
     subprocess.run([sys.executable, "training/miniature.py", "--smoke", "--out", str(out)], cwd=ROOT, env=env,
                    check=True, timeout=600)
 
-    for name in ("metrics.jsonl", "report.md", "summary.json", "accuracy.png", "code_use.png", "rl_curves.png"):
+    for name in ("metrics.jsonl", "report.md", "summary.json", "accuracy.png", "code_use.png", "rl_curves.png",
+                 "heldout.png"):
         assert (out / name).stat().st_size > 0, name
 
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in records if r["event"] == "eval"]
-    assert {(r["arm"], r["stage"]) for r in evals} == {(arm, s) for arm in ("tool", "text") for s in STAGES}
+    # Smoke: 2 GRPO steps, a checkpoint every step; the one before the last step is evaluated on held-out problems.
+    assert {(r["arm"], r["stage"]) for r in evals} == {(arm, s) for arm in ("tool", "text")
+                                                       for s in (*STAGES, "rl_step1")}
+    assert {(r["arm"], r["step"]) for r in evals if r["stage"] == "rl_step1"} == {("tool", 1), ("text", 1)}
     for record in evals:
         levels = record["levels"]
         assert {"easy", "multiply", "modpow", "digitsum", "compose", "all", "hard"} <= set(levels)
@@ -47,7 +51,57 @@ def test_miniature_smoke_writes_run_folder(tmp_path):
     fixed = [r["messages"][1]["content"] for r in rows if "Fix the typo." in r["messages"][1]["content"]]
     assert fixed and all("Error" in text for text in fixed)  # the interpreter's real error precedes every fix
 
+    summary = json.loads((out / "summary.json").read_text())
+    for arm in ("tool", "text"):  # the held-out curve: after SFT (step 0), the checkpoint, after RL
+        assert [p["step"] for p in summary["results"][0]["heldout"][arm]] == [0, 1, 2]
+
     report = (out / "report.md").read_text()
     assert "## Arm `tool`" in report and "## Arm `text`" in report and "## Targets" in report
+    assert "## Held-out evaluation during RL" in report
     for arm in ("tool", "text"):
         assert (out / "seed0" / arm / "grpo" / "trainer_state.json").exists()
+
+
+def miniature_script():
+    sys.path.insert(0, str(ROOT / "training"))
+    try:
+        import miniature
+    finally:
+        sys.path.remove(str(ROOT / "training"))
+    return miniature
+
+
+def heldout(points):
+    return [{"step": step, "levels": {"all": {"accuracy": acc}}} for step, acc in points]
+
+
+def test_stability_is_the_final_shortfall_from_the_best_of_the_last_30_steps():
+    drop_over_last = miniature_script().drop_over_last
+    # The dip at step 40 recovers; the best of steps 30..60 is 0.9 and the run ends at 0.87.
+    assert drop_over_last(heldout([(0, 0.5), (30, 0.9), (40, 0.7), (50, 0.88), (60, 0.87)])) == pytest.approx(0.03)
+    # A peak before the window does not count; a run ending at its best drops nothing.
+    assert drop_over_last(heldout([(0, 0.99), (20, 0.6), (40, 0.8), (60, 0.8)])) == pytest.approx(0.0)
+    assert drop_over_last(heldout([(0, 0.5), (10, 0.6), (20, 0.7)])) is None  # shorter than the window
+
+
+def test_criteria_judge_one_seed_against_the_issue_targets():
+    criteria = miniature_script().criteria
+
+    def rows(acc, code, with_tool, hard_acc, hard_code, easy_acc, easy_code):
+        return {"all": {"accuracy": acc, "accuracy_with_tool": with_tool},
+                "hard": {"accuracy": hard_acc, "code_use": hard_code},
+                "easy": {"accuracy": easy_acc, "code_use": easy_code}}
+
+    result = {"tool": {"after_sft": rows(0.5, 0.6, 0.7, 0.4, 0.6, 0.9, 0.3),
+                       "after_rl": rows(0.93, 0.8, 0.92, 0.92, 0.99, 0.97, 0.05)},
+              "text": {"after_sft": rows(0.05, 0.0, None, 0.0, 0.0, 0.2, 0.0),
+                       "after_rl": rows(0.06, 0.0, None, 0.01, 0.0, 0.25, 0.0)},
+              "heldout": {"tool": heldout([(0, 0.5), (30, 0.9), (60, 0.93)])}}
+    verdicts = {name: (value, met) for name, value, met in criteria(result)}
+    assert all(met for _, met in verdicts.values()), verdicts
+    assert verdicts["all: accuracy RL - SFT >= +0.30"][0] == pytest.approx(0.43)
+
+    result["tool"]["after_rl"]["easy"]["code_use"] = 0.9  # "always call": not strategic
+    result["text"]["after_rl"]["easy"]["accuracy"] = 0.0
+    failed = {name for name, _, met in criteria(result) if not met}
+    assert failed == {"easy: code use after RL <= 0.30", "easy: text RL accuracy > 0"}

@@ -50,8 +50,9 @@ class Arguments:
     test_per_level: int = field(default=40, metadata={"help": "Held-out problems per level."})
     text_share_easy: float = field(default=0.8, metadata={"help": "Cold start: share of easy problems answered "
                                                                    "directly (the rest use code)."})
-    text_share_hard: float = field(default=0.2, metadata={"help": "Cold start: share of hard problems answered "
-                                                                   "directly (wrongly learnable: a guess)."})
+    text_share_hard: float = field(default=0.3, metadata={"help": "Cold start: share of hard problems answered "
+                                                                   "directly (unlearnable: a guess). RL has to "
+                                                                   "learn that these need the interpreter."})
     self_correct_share: float = field(default=0.15, metadata={"help": "Cold start: share whose first code fails "
                                                                        "and is fixed."})
     # model
@@ -59,11 +60,12 @@ class Arguments:
     hidden_size: int = field(default=128, metadata={"help": "Model width; heads are 64 wide."})
     num_layers: int = field(default=2, metadata={"help": "Transformer layers."})
     # cold-start SFT
-    sft_epochs: float = field(default=5.0, metadata={"help": "Epochs over the cold-start data."})
+    sft_epochs: float = field(default=3.0, metadata={"help": "Epochs over the cold-start data (5 leave RL little "
+                                                              "to add; see BENCHMARKS.md)."})
     sft_batch_size: int = field(default=16, metadata={"help": "SFT batch size."})
     sft_learning_rate: float = field(default=1e-3, metadata={"help": "SFT learning rate (constant after 10 warm-up steps: copying digits emerges only after enough steps at full rate)."})
     # GRPO
-    rl_steps: int = field(default=60, metadata={"help": "GRPO steps (one optimizer step per generation batch)."})
+    rl_steps: int = field(default=80, metadata={"help": "GRPO steps (one optimizer step per generation batch)."})
     rl_prompts_per_step: int = field(default=4, metadata={"help": "Distinct problems per GRPO step."})
     num_generations: int = field(default=8, metadata={"help": "Episodes per problem (the GRPO group)."})
     rl_learning_rate: float = field(default=2e-4, metadata={"help": "GRPO learning rate (constant)."})
@@ -74,12 +76,17 @@ class Arguments:
     max_turn_tokens: int = field(default=48, metadata={"help": "Tokens the model may write per turn."})
     max_completion_tokens: int = field(default=160, metadata={"help": "Tokens per episode after the prompt."})
     max_observation_tokens: int = field(default=48, metadata={"help": "Tokens of interpreter output shown."})
+    # evaluation
+    eval_samples: int = field(default=4, metadata={"help": "Samples per held-out problem (mean@k)."})
+    eval_temperature: float = field(default=1.0, metadata={"help": "Evaluation sampling temperature: the policy RL "
+                                                                     "trains, sampled as in rollouts."})
+    eval_every: int = field(default=10, metadata={"help": "Evaluate a GRPO checkpoint every this many steps."})
 
     def apply_smoke(self) -> None:
         """Shrink everything so the pipeline runs end to end in well under 3 minutes."""
         self.train_per_level, self.test_per_level = 24, 4
         self.num_layers, self.sft_epochs, self.rl_steps, self.rl_prompts_per_step = 2, 1.0, 2, 2
-        self.num_generations = 4
+        self.num_generations, self.eval_samples, self.eval_every = 4, 2, 1
 
 
 def env_settings(args: Arguments, arm: str) -> dict:
@@ -143,8 +150,8 @@ def run_grpo(args: Arguments, arm: str, model_dir: Path, problems: Path, out: Pa
         "max_steps": args.rl_steps, "per_device_train_batch_size": args.rl_prompts_per_step * args.num_generations,
         "num_generations": args.num_generations, "max_completion_length": env["max_completion_tokens"],
         "temperature": args.temperature, "learning_rate": args.rl_learning_rate, "lr_scheduler_type": "constant",
-        "beta": 0.0, "epsilon": 0.2, "epsilon_high": 0.28, "logging_steps": 1, "save_strategy": "no",
-        "report_to": "none",
+        "beta": 0.0, "epsilon": 0.2, "epsilon_high": 0.28, "logging_steps": 1, "report_to": "none",
+        "save_strategy": "steps", "save_steps": args.eval_every, "save_only_model": True,  # held-out curve
     }
     yaml_path = write_yaml(out.parent / "grpo.yaml", config)
     run_logged([sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "1", "--num_machines", "1",
@@ -154,7 +161,7 @@ def run_grpo(args: Arguments, arm: str, model_dir: Path, problems: Path, out: Pa
 
 
 def evaluate_model(args: Arguments, arm: str, model_dir: Path, problems: list, out: Path) -> dict:
-    """Greedy evaluation on held-out problems, per level (training/eval.py's `evaluate`)."""
+    """Sampled evaluation on held-out problems, per level (training/eval.py's `evaluate`)."""
     from eval import evaluate
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -163,8 +170,8 @@ def evaluate_model(args: Arguments, arm: str, model_dir: Path, problems: list, o
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32")
-    return evaluate(problems, HFGenerator(model, tokenizer), tokenizer, n_samples=1,
-                    sampling=SamplingParams(temperature=0.0), out=out, concurrency=64, progress=True,
+    return evaluate(problems, HFGenerator(model, tokenizer), tokenizer, n_samples=args.eval_samples,
+                    sampling=SamplingParams(temperature=args.eval_temperature), out=out, concurrency=64, progress=True,
                     config={"model": str(model_dir), "backend": "hf", "dataset": "miniature test", "arm": arm,
                             "tool_format": "retool"},
                     **env_settings(args, arm))
@@ -174,8 +181,10 @@ def level_rows(metrics: dict) -> dict[str, dict]:
     """Per level (and `all`, `hard`): accuracy, code use, accuracy when the tool is called, problems."""
     from miniature_data import HARD_LEVELS
 
+    mean_at_n = f"mean@{metrics['n_samples']}"
+
     def row(m: dict) -> dict:
-        return {"accuracy": m["mean@1"], "code_use": m["tools"]["code_ratio"],
+        return {"accuracy": m[mean_at_n], "code_use": m["tools"]["code_ratio"],
                 "accuracy_with_tool": m["tools"]["accuracy_with_tool"], "problems": m["num_problems"],
                 "completion_tokens": m["mean_completion_tokens"]}
 
@@ -199,11 +208,17 @@ def rl_curve(grpo_dir: Path) -> list[dict]:
             for h in history if "retool/accuracy" in h]
 
 
+def checkpoints(grpo_dir: Path, before: int) -> list[tuple[int, Path]]:
+    """(step, folder) of the GRPO checkpoints saved before the last step, in order."""
+    found = [(int(d.name.split("-")[1]), d) for d in grpo_dir.glob("checkpoint-*") if d.is_dir()]
+    return sorted((step, d) for step, d in found if step < before)
+
+
 # --- one seed ------------------------------------------------------------------------------------------------------
 
 def run_seed(args: Arguments, seed: int, out: Path, log) -> dict:
-    """Build, cold-start, train and evaluate both arms for one seed; returns {arm: {stage: rows}, curves}."""
-    from miniature_data import coldstart_kinds, make_problems, tokenizer_corpus, write_coldstart, write_problems
+    """Build, cold-start, train and evaluate both arms for one seed; returns {arm: {stage: rows}, curves, heldout}."""
+    from miniature_data import make_problems, tokenizer_corpus, write_problems
 
     from retool_adapters.offline_models import build_tiny_qwen
     from retool_env.data import load_problems
@@ -224,51 +239,65 @@ def run_seed(args: Arguments, seed: int, out: Path, log) -> dict:
                                num_layers=args.num_layers, num_heads=args.hidden_size // 64, num_kv_heads=1, seed=seed,
                                initializer_range=0.02)  # Qwen's own scale; the default (10x) learned slower here
 
-    results: dict = {"seed": seed}
+    results: dict = {"seed": seed, "curves": {}, "heldout": {}}
     for arm in args.arms.split(","):
-        arm_dir = seed_dir / arm
-        arm_dir.mkdir(exist_ok=True)
-        stages = {}
-        shares = ({"easy": (args.text_share_easy, args.self_correct_share),
-                   "hard": (args.text_share_hard, args.self_correct_share)} if arm == "tool"
-                  else {"easy": (1.0, 0.0), "hard": (1.0, 0.0)})
-        kinds = coldstart_kinds(train, shares, seed)
-        print(f"\n== seed {seed} / {arm}: cold-start data (code runs in the sandbox) ==", flush=True)
-        counts = write_coldstart(train, kinds, arm_dir / "coldstart.jsonl", seed)
-        log({"seed": seed, "arm": arm, "event": "coldstart", "kinds": counts})
-
-        for stage, model_dir in [("before_sft", init_dir), ("after_sft", None), ("after_rl", None)]:
-            t0 = time.time()
-            if stage == "after_sft":
-                print(f"\n== seed {seed} / {arm}: cold-start SFT ==", flush=True)
-                model_dir = run_sft(args, arm, init_dir, arm_dir / "coldstart.jsonl", arm_dir / "sft", seed)
-            elif stage == "after_rl":
-                print(f"\n== seed {seed} / {arm}: GRPO ({args.rl_steps} steps) ==", flush=True)
-                model_dir = run_grpo(args, arm, arm_dir / "sft", train_path, arm_dir / "grpo", seed)
-                curve = rl_curve(model_dir)
-                results.setdefault("curves", {})[arm] = curve
-                for point in curve:
-                    log({"seed": seed, "arm": arm, "event": "rl_step", **point})
-            train_s = time.time() - t0
-            print(f"\n== seed {seed} / {arm}: evaluate {stage} ==", flush=True)
-            metrics = evaluate_model(args, arm, model_dir, test, arm_dir / f"eval-{stage}")
-            stages[stage] = level_rows(metrics)
-            log({"seed": seed, "arm": arm, "event": "eval", "stage": stage, "train_seconds": round(train_s, 1),
-                 "eval_seconds": round(time.time() - t0 - train_s, 1), "levels": stages[stage]})
-        results[arm] = stages
+        results[arm], results["curves"][arm], results["heldout"][arm] = run_arm(
+            args, seed, arm, seed_dir / arm, init_dir, train, train_path, test, log)
     return results
+
+
+def run_arm(args: Arguments, seed: int, arm: str, arm_dir: Path, init_dir: Path, train: list, train_path: Path,
+            test: list, log) -> tuple[dict, list[dict], list[dict]]:
+    """Cold start, SFT, GRPO and held-out evaluations of one arm: (rows per stage, RL training curve, held-out
+    evaluations against RL steps: after SFT, every `eval_every` steps, after RL)."""
+    from miniature_data import coldstart_kinds, write_coldstart
+
+    arm_dir.mkdir(exist_ok=True)
+    shares = ({"easy": (args.text_share_easy, args.self_correct_share),
+               "hard": (args.text_share_hard, args.self_correct_share)} if arm == "tool"
+              else {"easy": (1.0, 0.0), "hard": (1.0, 0.0)})
+    print(f"\n== seed {seed} / {arm}: cold-start data (code runs in the sandbox) ==", flush=True)
+    counts = write_coldstart(train, coldstart_kinds(train, shares, seed), arm_dir / "coldstart.jsonl", seed)
+    log({"seed": seed, "arm": arm, "event": "coldstart", "kinds": counts})
+
+    def evaluate_stage(stage: str, model_dir: Path, train_s: float = 0.0, step: int | None = None) -> dict:
+        print(f"\n== seed {seed} / {arm}: evaluate {stage} ==", flush=True)
+        t0 = time.time()
+        rows = level_rows(evaluate_model(args, arm, model_dir, test, arm_dir / f"eval-{stage}"))
+        log({"seed": seed, "arm": arm, "event": "eval", "stage": stage, "step": step,
+             "train_seconds": round(train_s, 1), "eval_seconds": round(time.time() - t0, 1), "levels": rows})
+        return rows
+
+    stages = {"before_sft": evaluate_stage("before_sft", init_dir)}
+    print(f"\n== seed {seed} / {arm}: cold-start SFT ==", flush=True)
+    t0 = time.time()
+    sft_dir = run_sft(args, arm, init_dir, arm_dir / "coldstart.jsonl", arm_dir / "sft", seed)
+    stages["after_sft"] = evaluate_stage("after_sft", sft_dir, time.time() - t0, step=0)
+    print(f"\n== seed {seed} / {arm}: GRPO ({args.rl_steps} steps) ==", flush=True)
+    t0 = time.time()
+    grpo_dir = run_grpo(args, arm, sft_dir, train_path, arm_dir / "grpo", seed)
+    train_s = time.time() - t0
+    curve = rl_curve(grpo_dir)
+    for point in curve:
+        log({"seed": seed, "arm": arm, "event": "rl_step", **point})
+    heldout = [{"step": 0, "levels": stages["after_sft"]}]
+    for step, checkpoint in checkpoints(grpo_dir, before=args.rl_steps):
+        heldout.append({"step": step, "levels": evaluate_stage(f"rl_step{step}", checkpoint, step=step)})
+    stages["after_rl"] = evaluate_stage("after_rl", grpo_dir, train_s, step=args.rl_steps)
+    heldout.append({"step": args.rl_steps, "levels": stages["after_rl"]})
+    return stages, curve, heldout
 
 
 # --- report --------------------------------------------------------------------------------------------------------
 
-def drop_over_last(curve: list[dict], window: int = 30, smooth: int = 10) -> float | None:
-    """Largest fall of training accuracy (a `smooth`-step moving average) from its best over the last `window`
-    steps to the end; None when the run is shorter than the window."""
-    acc = [p["accuracy"] for p in curve]
-    if len(acc) < window:
+def drop_over_last(heldout: list[dict], window: int = 30) -> float | None:
+    """How far held-out accuracy ends below its best over the last `window` RL steps (checkpoints included); None
+    when the run is shorter than the window."""
+    last = heldout[-1]["step"] if heldout else 0
+    if last < window:
         return None
-    avg = [statistics.mean(acc[max(0, i - smooth + 1):i + 1]) for i in range(len(acc))]
-    return max(avg[-window:]) - avg[-1]
+    return max(p["levels"]["all"]["accuracy"] for p in heldout if p["step"] >= last - window) - \
+        heldout[-1]["levels"]["all"]["accuracy"]
 
 
 def criteria(result: dict) -> list[tuple[str, float | None, bool | None]]:
@@ -291,8 +320,8 @@ def criteria(result: dict) -> list[tuple[str, float | None, bool | None]]:
         check("accuracy when the tool is called: RL - SFT >= +0.10", gain, gain is not None and gain >= 0.10)
         gain = rl["all"]["accuracy"] - sft["all"]["accuracy"]
         check("all: accuracy RL - SFT >= +0.30", gain, gain >= 0.30)
-        drop = drop_over_last(result.get("curves", {}).get("tool", []))
-        check("tool RL: training-accuracy drop over the last 30 steps <= 0.05", drop, drop is not None and drop <= 0.05)
+        drop = drop_over_last(result.get("heldout", {}).get("tool", []))
+        check("tool RL: held-out accuracy drop over the last 30 steps <= 0.05", drop, drop is not None and drop <= 0.05)
     if tool and text:
         gap = tool["after_rl"]["hard"]["accuracy"] - text["after_rl"]["hard"]["accuracy"]
         check("hard: tool RL - text RL >= +0.50", gap, gap >= 0.50)
@@ -318,6 +347,21 @@ def level_table(results: list[dict], arm: str) -> list[str]:
                 cells.append(spread([r[arm][stage][level].get(key) for r in results]))
         cells.append(spread([r[arm]["after_rl"][level].get("accuracy_with_tool") for r in results]))
         lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def heldout_table(results: list[dict]) -> list[str]:
+    """Markdown rows: held-out accuracy and code use against RL steps, per arm (mean over seeds)."""
+    lines = ["## Held-out evaluation during RL", "",
+             "| arm | step | all acc | acc w/ tool | hard acc | hard code | easy acc | easy code |",
+             "|---|---|---|---|---|---|---|---|"]
+    for arm in results[0].get("heldout", {}):
+        for i, point in enumerate(results[0]["heldout"][arm]):
+            cells = [arm, str(point["step"])]
+            for level, key in (("all", "accuracy"), ("all", "accuracy_with_tool"), ("hard", "accuracy"),
+                               ("hard", "code_use"), ("easy", "accuracy"), ("easy", "code_use")):
+                cells.append(spread([r["heldout"][arm][i]["levels"][level].get(key) for r in results]))
+            lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
@@ -361,7 +405,8 @@ def write_report(args: Arguments, out: Path, results: list[dict], wall_s: float)
     lines = ["# ReTool in miniature", "",
              f"Command: `bash scripts/miniature.sh {' '.join(sys.argv[1:])}`  ", f"Wall time: {wall_s / 60:.1f} min "
              f"({len(results)} seed(s), arms {args.arms}); machine: {os.cpu_count()} CPUs.", "",
-             "Accuracy and code-use rate per level on held-out problems (greedy decoding, one sample each); "
+             f"Accuracy (mean@{args.eval_samples}) and code-use rate per level on held-out problems, "
+             f"{args.eval_samples} samples each at temperature {args.eval_temperature}, the policy RL trains; "
              "mean ± standard deviation over seeds.", ""]
     for arm in args.arms.split(","):
         lines += [f"## Arm `{arm}`", "", *level_table(results, arm), ""]
@@ -371,8 +416,9 @@ def write_report(args: Arguments, out: Path, results: list[dict], wall_s: float)
     for i, (name, _, _) in enumerate(table[0]):
         cells = [f"{_fmt(t[i][1])} {'met' if t[i][2] else 'not met' if t[i][2] is False else 'n/a'}" for t in table]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += ["", "Training-accuracy drop: the 10-step moving average's fall from its best over the last 30 RL "
-              "steps to the end (n/a when the run is shorter).", "", "## Self-correction in evaluation samples", ""]
+    lines += ["", "Held-out accuracy drop: how far the final accuracy lies below the best checkpoint of the last 30 "
+              "RL steps (n/a when the run is shorter).", "", *heldout_table(results), "",
+              "## Self-correction in evaluation samples", ""]
     lines += self_correction_samples(out) or ["(none found)"]
     lines += ["", "## Settings", "", "```json", json.dumps(asdict(args), indent=2), "```", ""]
     (out / "report.md").write_text("\n".join(lines))
@@ -400,6 +446,26 @@ def plot(out: Path, results: list[dict], arms: list[str]) -> None:
         fig.tight_layout()
         fig.savefig(out / f"{name}.png", dpi=110)
         plt.close(fig)
+    heldout_keys = (("accuracy", "held-out accuracy"), ("code_use", "held-out code use"))
+    fig, axes = plt.subplots(1, len(heldout_keys) + 1, figsize=(5 * (len(heldout_keys) + 1), 3.8))
+    for r in results:
+        for arm, points in r.get("heldout", {}).items():
+            steps = [p["step"] for p in points]
+            for ax, (key, title) in zip(axes, heldout_keys, strict=False):
+                for level in ("easy", "hard", "all"):
+                    ax.plot(steps, [p["levels"][level].get(key) or 0.0 for p in points],
+                            label=f"{arm} {level} s{r['seed']}", linestyle="-" if arm == "tool" else ":")
+                ax.set_title(f"RL: {title}")
+            axes[-1].plot(steps, [p["levels"]["all"].get("accuracy_with_tool") for p in points],
+                          label=f"{arm} s{r['seed']}")
+    axes[-1].set_title("RL: held-out accuracy when the tool is called")
+    for ax in axes:
+        ax.set_xlabel("step")
+        ax.set_ylim(0, 1.05)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(out / "heldout.png", dpi=110)
+    plt.close(fig)
     curve_keys = ("accuracy", "code_use", "reward", "turns", "response_length")
     fig, axes = plt.subplots(1, len(curve_keys), figsize=(4 * len(curve_keys), 3.5))
     for ax, key in zip(axes, curve_keys, strict=True):
