@@ -5,12 +5,14 @@ The whole ReTool pipeline at toy scale, through the code a GPU run uses: a small
 can do in its head, and four hard levels one line of Python solves: see `training/miniature_data.py`); cold-start
 trajectories (direct answers, code, and code that fails and is fixed) train the model with `training/sft_trl.py`;
 GRPO runs through `accelerate launch training/grpo_trl.py`, the environment as TRL's rollout function; held-out
-problems are evaluated per level with `training/eval.py`'s `evaluate`. Two arms share model size and budgets:
+problems are evaluated per level with `training/eval.py`'s `evaluate` (after SFT, every `eval_every` GRPO steps from
+the checkpoints, after RL), sampled at the rollouts' temperature: the policy RL trains, not its greedy mode, which a
+model this small reaches long before its samples are reliable. Two arms share model size and budgets:
 
 * `tool`: the interpreter is available; the reward is ReTool's (`retool`) minus `tool_call_cost` per call, so a
   call that is not needed (`70 + 3`) costs a little and using the tool becomes a decision.
-* `text`: no interpreter. The cold start holds only tool-free solutions and the environment allows no tool call
-  (`max_tool_calls=0`: a call ends the episode unanswered). Both arms see the same `plain` prompt, which mentions
+* `text`: no interpreter. The cold start is the tool arm's without its code solutions (the direct answers only)
+  and the environment allows no tool call (`max_tool_calls=0`: a call ends the episode unanswered). Both arms see the same `plain` prompt, which mentions
   no tool: at this scale a model cannot read instructions, and what it knows of the tool comes from its cold start.
 
     bash scripts/miniature.sh                  # one seed, both arms (about 15 minutes on 2 cores)
@@ -18,14 +20,16 @@ problems are evaluated per level with `training/eval.py`'s `evaluate`. Two arms 
     bash scripts/miniature.sh --smoke          # the pipeline end to end in under 3 minutes (CI)
 
 Writes `runs/miniature-<timestamp>/` (or `--out`): `metrics.jsonl` (every evaluation per level, every RL step),
-`report.md` (per-level tables before SFT, after SFT and after RL for both arms, the targets, self-correcting
-trajectories), `summary.json`, plots (`accuracy.png`, `code_use.png`, `rl_curves.png`), and per seed and arm the
+`report.md` (per-level tables before SFT, after SFT and after RL for both arms, held-out results against RL steps,
+the targets, self-correcting trajectories), `summary.json`, plots (`accuracy.png`, `code_use.png`, `heldout.png`,
+`rl_curves.png`), and per seed and arm the
 data, the SFT and GRPO models and configs, their logs and the evaluations' per-problem samples.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -60,15 +64,16 @@ class Arguments:
     hidden_size: int = field(default=128, metadata={"help": "Model width; heads are 64 wide."})
     num_layers: int = field(default=2, metadata={"help": "Transformer layers."})
     # cold-start SFT
-    sft_epochs: float = field(default=3.0, metadata={"help": "Epochs over the cold-start data (5 leave RL little "
-                                                              "to add; see BENCHMARKS.md)."})
+    sft_epochs: float = field(default=4.0, metadata={"help": "Epochs over the tool arm's cold start (5 leave RL "
+                                                              "little to add; see BENCHMARKS.md); the text arm "
+                                                              "takes as many steps."})
     sft_batch_size: int = field(default=16, metadata={"help": "SFT batch size."})
     sft_learning_rate: float = field(default=1e-3, metadata={"help": "SFT learning rate (constant after 10 warm-up steps: copying digits emerges only after enough steps at full rate)."})
     # GRPO
-    rl_steps: int = field(default=80, metadata={"help": "GRPO steps (one optimizer step per generation batch)."})
+    rl_steps: int = field(default=120, metadata={"help": "GRPO steps (one optimizer step per generation batch)."})
     rl_prompts_per_step: int = field(default=4, metadata={"help": "Distinct problems per GRPO step."})
     num_generations: int = field(default=8, metadata={"help": "Episodes per problem (the GRPO group)."})
-    rl_learning_rate: float = field(default=2e-4, metadata={"help": "GRPO learning rate (constant)."})
+    rl_learning_rate: float = field(default=3e-4, metadata={"help": "GRPO peak learning rate (linear decay to 0)."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of RL rollouts."})
     # environment
     tool_call_cost: float = field(default=0.2, metadata={"help": "Reward subtracted per executed tool call."})
@@ -80,7 +85,7 @@ class Arguments:
     eval_samples: int = field(default=4, metadata={"help": "Samples per held-out problem (mean@k)."})
     eval_temperature: float = field(default=1.0, metadata={"help": "Evaluation sampling temperature: the policy RL "
                                                                      "trains, sampled as in rollouts."})
-    eval_every: int = field(default=10, metadata={"help": "Evaluate a GRPO checkpoint every this many steps."})
+    eval_every: int = field(default=30, metadata={"help": "Evaluate a GRPO checkpoint every this many steps."})
 
     def apply_smoke(self) -> None:
         """Shrink everything so the pipeline runs end to end in well under 3 minutes."""
@@ -119,7 +124,7 @@ def run_logged(cmd: list[str], log: Path) -> None:
             raise RuntimeError(f"{' '.join(cmd[:4])} ... failed (exit {proc.returncode}); see {log}")
 
 
-def run_sft(args: Arguments, arm: str, model_dir: Path, data: Path, out: Path, seed: int) -> Path:
+def run_sft(args: Arguments, arm: str, model_dir: Path, data: Path, out: Path, seed: int, steps: int) -> Path:
     """Cold-start SFT with training/sft_trl.py: solutions replayed through the environment, interpreter masked."""
     env = env_settings(args, arm)
     config = {
@@ -128,7 +133,7 @@ def run_sft(args: Arguments, arm: str, model_dir: Path, data: Path, out: Path, s
         "max_observation_tokens": env["max_observation_tokens"],
         "model_name_or_path": str(model_dir), "dtype": "float32", "attn_implementation": "eager",
         "output_dir": str(out), "use_cpu": True, "bf16": False, "seed": seed,
-        "num_train_epochs": args.sft_epochs, "per_device_train_batch_size": args.sft_batch_size,
+        "max_steps": steps, "per_device_train_batch_size": args.sft_batch_size,
         "learning_rate": args.sft_learning_rate, "lr_scheduler_type": "constant_with_warmup", "warmup_steps": 10,
         "max_length": 256, "logging_steps": 10, "save_strategy": "no", "report_to": "none",
     }
@@ -149,7 +154,7 @@ def run_grpo(args: Arguments, arm: str, model_dir: Path, problems: Path, out: Pa
         "output_dir": str(out), "use_cpu": True, "bf16": False, "gradient_checkpointing": False, "seed": seed,
         "max_steps": args.rl_steps, "per_device_train_batch_size": args.rl_prompts_per_step * args.num_generations,
         "num_generations": args.num_generations, "max_completion_length": env["max_completion_tokens"],
-        "temperature": args.temperature, "learning_rate": args.rl_learning_rate, "lr_scheduler_type": "constant",
+        "temperature": args.temperature, "learning_rate": args.rl_learning_rate, "lr_scheduler_type": "linear",
         "beta": 0.0, "epsilon": 0.2, "epsilon_high": 0.28, "logging_steps": 1, "report_to": "none",
         "save_strategy": "steps", "save_steps": args.eval_every, "save_only_model": True,  # held-out curve
     }
@@ -160,7 +165,8 @@ def run_grpo(args: Arguments, arm: str, model_dir: Path, problems: Path, out: Pa
     return out
 
 
-def evaluate_model(args: Arguments, arm: str, model_dir: Path, problems: list, out: Path) -> dict:
+def evaluate_model(args: Arguments, arm: str, model_dir: Path, problems: list, out: Path,
+                   n_samples: int | None = None) -> dict:
     """Sampled evaluation on held-out problems, per level (training/eval.py's `evaluate`)."""
     from eval import evaluate
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -170,7 +176,7 @@ def evaluate_model(args: Arguments, arm: str, model_dir: Path, problems: list, o
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32")
-    return evaluate(problems, HFGenerator(model, tokenizer), tokenizer, n_samples=args.eval_samples,
+    return evaluate(problems, HFGenerator(model, tokenizer), tokenizer, n_samples=n_samples or args.eval_samples,
                     sampling=SamplingParams(temperature=args.eval_temperature), out=out, concurrency=64, progress=True,
                     config={"model": str(model_dir), "backend": "hf", "dataset": "miniature test", "arm": arm,
                             "tool_format": "retool"},
@@ -253,17 +259,20 @@ def run_arm(args: Arguments, seed: int, arm: str, arm_dir: Path, init_dir: Path,
     from miniature_data import coldstart_kinds, write_coldstart
 
     arm_dir.mkdir(exist_ok=True)
-    shares = ({"easy": (args.text_share_easy, args.self_correct_share),
-               "hard": (args.text_share_hard, args.self_correct_share)} if arm == "tool"
-              else {"easy": (1.0, 0.0), "hard": (1.0, 0.0)})
+    shares = {"easy": (args.text_share_easy, args.self_correct_share),
+              "hard": (args.text_share_hard, args.self_correct_share)}
+    problems, kinds = train, coldstart_kinds(train, shares, seed)
+    if arm == "text":  # the same cold start without the solutions that use code
+        problems, kinds = zip(*[(p, k) for p, k in zip(train, kinds, strict=True) if k == "text"], strict=True)
     print(f"\n== seed {seed} / {arm}: cold-start data (code runs in the sandbox) ==", flush=True)
-    counts = write_coldstart(train, coldstart_kinds(train, shares, seed), arm_dir / "coldstart.jsonl", seed)
+    counts = write_coldstart(problems, kinds, arm_dir / "coldstart.jsonl", seed)
     log({"seed": seed, "arm": arm, "event": "coldstart", "kinds": counts})
 
     def evaluate_stage(stage: str, model_dir: Path, train_s: float = 0.0, step: int | None = None) -> dict:
         print(f"\n== seed {seed} / {arm}: evaluate {stage} ==", flush=True)
         t0 = time.time()
-        rows = level_rows(evaluate_model(args, arm, model_dir, test, arm_dir / f"eval-{stage}"))
+        n_samples = 1 if stage == "before_sft" else None  # a random model: one sample shows it knows nothing
+        rows = level_rows(evaluate_model(args, arm, model_dir, test, arm_dir / f"eval-{stage}", n_samples))
         log({"seed": seed, "arm": arm, "event": "eval", "stage": stage, "step": step,
              "train_seconds": round(train_s, 1), "eval_seconds": round(time.time() - t0, 1), "levels": rows})
         return rows
@@ -271,7 +280,9 @@ def run_arm(args: Arguments, seed: int, arm: str, arm_dir: Path, init_dir: Path,
     stages = {"before_sft": evaluate_stage("before_sft", init_dir)}
     print(f"\n== seed {seed} / {arm}: cold-start SFT ==", flush=True)
     t0 = time.time()
-    sft_dir = run_sft(args, arm, init_dir, arm_dir / "coldstart.jsonl", arm_dir / "sft", seed)
+    # Both arms take the same number of SFT steps: `sft_epochs` over the tool arm's (larger) cold start.
+    steps = math.ceil(args.sft_epochs * len(train) / args.sft_batch_size)
+    sft_dir = run_sft(args, arm, init_dir, arm_dir / "coldstart.jsonl", arm_dir / "sft", seed, steps)
     stages["after_sft"] = evaluate_stage("after_sft", sft_dir, time.time() - t0, step=0)
     print(f"\n== seed {seed} / {arm}: GRPO ({args.rl_steps} steps) ==", flush=True)
     t0 = time.time()
@@ -407,7 +418,7 @@ def write_report(args: Arguments, out: Path, results: list[dict], wall_s: float)
              f"({len(results)} seed(s), arms {args.arms}); machine: {os.cpu_count()} CPUs.", "",
              f"Accuracy (mean@{args.eval_samples}) and code-use rate per level on held-out problems, "
              f"{args.eval_samples} samples each at temperature {args.eval_temperature}, the policy RL trains; "
-             "mean ± standard deviation over seeds.", ""]
+             "one sample before SFT; mean ± standard deviation over seeds.", ""]
     for arm in args.arms.split(","):
         lines += [f"## Arm `{arm}`", "", *level_table(results, arm), ""]
     lines += ["## Targets", "", "| target | " + " | ".join(f"seed {r['seed']}" for r in results) + " |",
