@@ -17,6 +17,7 @@ STAGES = ("before_sft", "after_sft", "after_rl")
 @pytest.mark.slow
 def test_miniature_smoke_writes_run_folder(tmp_path):
     out = tmp_path / "run"
+    (out / "seed0" / "tool" / "grpo" / "checkpoint-0").mkdir(parents=True)  # left by an earlier run: not evaluated
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     subprocess.run([sys.executable, "training/miniature.py", "--smoke", "--out", str(out)], cwd=ROOT, env=env,
                    check=True, timeout=600)

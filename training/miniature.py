@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -258,7 +259,8 @@ def run_arm(args: Arguments, seed: int, arm: str, arm_dir: Path, init_dir: Path,
     evaluations against RL steps: after SFT, every `eval_every` steps, after RL)."""
     from miniature_data import coldstart_kinds, write_coldstart
 
-    arm_dir.mkdir(exist_ok=True)
+    shutil.rmtree(arm_dir, ignore_errors=True)  # a rerun into the same folder must not evaluate stale checkpoints
+    arm_dir.mkdir()
     shares = {"easy": (args.text_share_easy, args.self_correct_share),
               "hard": (args.text_share_hard, args.self_correct_share)}
     problems, kinds = train, coldstart_kinds(train, shares, seed)
@@ -367,11 +369,12 @@ def heldout_table(results: list[dict]) -> list[str]:
              "| arm | step | all acc | acc w/ tool | hard acc | hard code | easy acc | easy code |",
              "|---|---|---|---|---|---|---|---|"]
     for arm in results[0].get("heldout", {}):
-        for i, point in enumerate(results[0]["heldout"][arm]):
+        for point in results[0]["heldout"][arm]:
             cells = [arm, str(point["step"])]
+            same_step = [p for r in results for p in r["heldout"][arm] if p["step"] == point["step"]]
             for level, key in (("all", "accuracy"), ("all", "accuracy_with_tool"), ("hard", "accuracy"),
                                ("hard", "code_use"), ("easy", "accuracy"), ("easy", "code_use")):
-                cells.append(spread([r["heldout"][arm][i]["levels"][level].get(key) for r in results]))
+                cells.append(spread([p["levels"][level].get(key) for p in same_step]))
             lines.append("| " + " | ".join(cells) + " |")
     return lines
 
