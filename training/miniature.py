@@ -11,11 +11,12 @@ model this small reaches long before its samples are reliable. Two arms share mo
 
 * `tool`: the interpreter is available; the reward is ReTool's (`retool`) minus `tool_call_cost` per call, so a
   call that is not needed (`70 + 3`) costs a little and using the tool becomes a decision.
-* `text`: no interpreter. The cold start is the tool arm's without its code solutions (the direct answers only)
-  and the environment allows no tool call (`max_tool_calls=0`: a call ends the episode unanswered). Both arms see the same `plain` prompt, which mentions
-  no tool: at this scale a model cannot read instructions, and what it knows of the tool comes from its cold start.
+* `text`: no interpreter. The cold start is the tool arm's without its code solutions (the direct answers only),
+  trained for as many steps, and the environment allows no tool call (`max_tool_calls=0`: a call ends the episode
+  unanswered). Both arms see the same `plain` prompt, which mentions no tool: at this scale a model cannot read
+  instructions, and what it knows of the tool comes from its cold start.
 
-    bash scripts/miniature.sh                  # one seed, both arms (about 15 minutes on 2 cores)
+    bash scripts/miniature.sh                  # one seed, both arms (about 13 minutes on 2 cores)
     bash scripts/miniature.sh --seeds 3        # mean and spread over three seeds
     bash scripts/miniature.sh --smoke          # the pipeline end to end in under 3 minutes (CI)
 
