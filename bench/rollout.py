@@ -105,18 +105,27 @@ def compare_hf(episodes: int, concurrency: int) -> dict:
     def make_env():
         return ToolEnvironment(tokenizer, problems[:1], max_completion_tokens=256)
 
-    results = {}
+    results = race(problems, make_env, lambda: HFGenerator.from_pretrained(model_dir), concurrency)
     for name in ("async driver", "lockstep"):
-        generator = HFGenerator.from_pretrained(model_dir)
+        trajs = results[name].pop("trajectories")
+        results[name]["accuracy"] = round(sum(bool(t.correct) for t in trajs) / episodes, 3)
+    return results
+
+
+def race(problems, make_env, make_generator, concurrency: int) -> dict:
+    """Play `problems` with the async driver, then in lockstep, each with a fresh generator: per mode its time,
+    throughput, tool calls and trajectories, and the driver's speedup."""
+    results: dict = {}
+    for name in ("async driver", "lockstep"):
+        generator = make_generator()
         start = time.perf_counter()
         if name == "lockstep":
             trajs = asyncio.run(run_lockstep(problems, make_env, generator, concurrency))
         else:
             trajs = asyncio.run(run_episodes(problems, make_env, generator, concurrency=concurrency, progress=False))
         elapsed = time.perf_counter() - start
-        results[name] = {"seconds": round(elapsed, 2), "episodes_per_s": round(episodes / elapsed, 2),
-                         "tool_calls": sum(t.num_tool_calls for t in trajs),
-                         "accuracy": round(sum(bool(t.correct) for t in trajs) / episodes, 3)}
+        results[name] = {"seconds": round(elapsed, 2), "episodes_per_s": round(len(problems) / elapsed, 2),
+                         "tool_calls": sum(t.num_tool_calls for t in trajs), "trajectories": trajs}
     results["speedup"] = round(results["async driver"]["episodes_per_s"] / results["lockstep"]["episodes_per_s"], 2)
     return results
 
@@ -145,19 +154,10 @@ def compare(episodes: int, concurrency: int, seed: int) -> dict:
     def make_env():
         return ToolEnvironment(tok, problems[:1], sandbox=sandbox, tool_timeout=5.0, max_completion_tokens=8192)
 
-    results = {}
+    results = race(problems, make_env, lambda: SimulatedGenerator(tok, seed=seed), concurrency)
     for name in ("async driver", "lockstep"):
-        generator = SimulatedGenerator(tok, seed=seed)
-        start = time.perf_counter()
-        if name == "lockstep":
-            trajs = asyncio.run(run_lockstep(problems, make_env, generator, concurrency))
-        else:
-            trajs = asyncio.run(run_episodes(problems, make_env, generator, concurrency=concurrency, progress=False))
-        elapsed = time.perf_counter() - start
+        trajs = results[name].pop("trajectories")
         assert len(trajs) == episodes and all(t.correct for t in trajs), name
-        results[name] = {"seconds": round(elapsed, 2), "episodes_per_s": round(episodes / elapsed, 2),
-                         "tool_calls": sum(t.num_tool_calls for t in trajs)}
-    results["speedup"] = round(results["async driver"]["episodes_per_s"] / results["lockstep"]["episodes_per_s"], 2)
     sandbox.close()
     return results
 
