@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 STAGES = ("before_sft", "after_sft", "after_rl")
@@ -51,6 +52,12 @@ def test_miniature_smoke_writes_run_folder(tmp_path):
     rows = [json.loads(line) for line in (out / "seed0" / "tool" / "coldstart.jsonl").read_text().splitlines()]
     fixed = [r["messages"][1]["content"] for r in rows if "Fix the typo." in r["messages"][1]["content"]]
     assert fixed and all("Error" in text for text in fixed)  # the interpreter's real error precedes every fix
+    # The text arm's cold start is the tool arm's direct answers, trained for as many SFT steps.
+    text_rows = [json.loads(line) for line in (out / "seed0" / "text" / "coldstart.jsonl").read_text().splitlines()]
+    assert text_rows == [r for r in rows if "<code>" not in r["messages"][1]["content"]]
+    sft_steps = {arm: yaml.safe_load((out / "seed0" / arm / "sft.yaml").read_text())["max_steps"]
+                 for arm in ("tool", "text")}
+    assert sft_steps["tool"] == sft_steps["text"] > 0
 
     summary = json.loads((out / "summary.json").read_text())
     for arm in ("tool", "text"):  # the held-out curve: after SFT (step 0), the checkpoint, after RL
