@@ -1,6 +1,6 @@
 """ReTool in miniature: cold-start SFT, then GRPO with a Python interpreter, on a CPU in minutes.
 
-The whole ReTool pipeline at toy scale, through the code a GPU run uses: a small tokenizer and a ~0.35M-parameter Qwen2
+The whole ReTool pipeline at toy scale, through the code a GPU run uses: a small tokenizer and a ~0.38M-parameter Qwen2
 (head_dim 64, so vLLM loads it too) are built offline; procedural problems come at five levels (`easy` sums a model
 can do in its head, and four hard levels one line of Python solves: see `training/miniature_data.py`); cold-start
 trajectories (direct answers, code, and code that fails and is fixed) train the model with `training/sft_trl.py`;
@@ -81,6 +81,11 @@ class Arguments:
     num_generations: int = field(default=8, metadata={"help": "Episodes per problem (the GRPO group)."})
     rl_learning_rate: float = field(default=3e-4, metadata={"help": "GRPO peak learning rate (linear decay to 0)."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of RL rollouts."})
+    scale_rewards: str = field(default="batch", metadata={"help": "GRPO advantage scaling (TRL's): batch, group or "
+                                                                   "none. Scaled per group, the shaping's +0.05 for a "
+                                                                   "second failed call becomes a full advantage where "
+                                                                   "every episode is wrong, and a level the model "
+                                                                   "cannot yet solve turns into two garbage calls."})
     # environment
     tool_call_cost: float = field(default=0.05, metadata={"help": "Reward subtracted per executed tool call; below "
                                                                   "the `retool` shaping's +0.1, so a failed call "
@@ -163,7 +168,7 @@ def run_grpo(args: Arguments, arm: str, model_dir: Path, problems: Path, out: Pa
         "max_steps": args.rl_steps, "per_device_train_batch_size": args.rl_prompts_per_step * args.num_generations,
         "num_generations": args.num_generations, "max_completion_length": env["max_completion_tokens"],
         "temperature": args.temperature, "learning_rate": args.rl_learning_rate, "lr_scheduler_type": "linear",
-        "beta": 0.0, "epsilon": 0.2, "epsilon_high": 0.28, "logging_steps": 1, "report_to": "none",
+        "beta": 0.0, "scale_rewards": args.scale_rewards, "epsilon": 0.2, "epsilon_high": 0.28, "logging_steps": 1, "report_to": "none",
         "save_strategy": "steps", "save_steps": args.eval_every, "save_only_model": True,  # held-out curve
     }
     yaml_path = write_yaml(out.parent / "grpo.yaml", config)
