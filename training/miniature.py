@@ -16,7 +16,7 @@ model this small reaches long before its samples are reliable. Two arms share mo
   unanswered). Both arms see the same `plain` prompt, which mentions no tool: at this scale a model cannot read
   instructions, and what it knows of the tool comes from its cold start.
 
-    bash scripts/miniature.sh                  # one seed, both arms (about 13 minutes on 2 cores)
+    bash scripts/miniature.sh                  # one seed, both arms (about 13.5 minutes on 2 cores)
     bash scripts/miniature.sh --seeds 3        # mean and spread over three seeds
     bash scripts/miniature.sh --smoke          # the pipeline end to end in under 3 minutes (CI)
 
@@ -66,13 +66,13 @@ class Arguments:
     hidden_size: int = field(default=128, metadata={"help": "Model width; heads are 64 wide."})
     num_layers: int = field(default=2, metadata={"help": "Transformer layers."})
     num_kv_heads: int = field(default=2, metadata={"help": "Key/value heads (one per query head). With one shared "
-                                                           "head, copying the interpreter's digits into the answer "
-                                                           "formed at a seed-dependent SFT step, or not at all."})
+                                                           "by both, copying digits formed as late as SFT step 670 "
+                                                           "in three seeds; with two, by step 410 (BENCHMARKS.md)."})
     # cold-start SFT
     sft_epochs: float = field(default=6.0, metadata={"help": "Epochs over the tool arm's cold start; the text arm "
                                                               "takes as many steps. Copying the interpreter's "
                                                               "digits forms suddenly, at a seed-dependent step "
-                                                              "(200-400 of these 750 in the seeds measured)."})
+                                                              "(210-410 of these 750 in the seeds measured)."})
     sft_batch_size: int = field(default=16, metadata={"help": "SFT batch size."})
     sft_learning_rate: float = field(default=1e-3, metadata={"help": "SFT learning rate (constant after 10 warm-up steps: copying digits emerges only after enough steps at full rate)."})
     # GRPO
