@@ -148,7 +148,8 @@ def run_sft(args: Arguments, arm: str, model_dir: Path, data: Path, out: Path, s
         "output_dir": str(out), "use_cpu": True, "bf16": False, "seed": seed,
         "max_steps": steps, "per_device_train_batch_size": args.sft_batch_size,
         "learning_rate": args.sft_learning_rate, "lr_scheduler_type": "constant_with_warmup", "warmup_steps": 10,
-        "max_length": 256, "gradient_checkpointing": False, "logging_steps": 10, "save_strategy": "no", "report_to": "none",
+        "max_length": 256, "gradient_checkpointing": False,  # on by default in TRL; a tiny model only pays for it
+        "logging_steps": 10, "save_strategy": "no", "report_to": "none",
     }
     yaml_path = write_yaml(out.parent / "sft.yaml", config)
     run_logged([sys.executable, "training/sft_trl.py", "--config", str(yaml_path)], out.parent / "sft.log")
@@ -168,7 +169,8 @@ def run_grpo(args: Arguments, arm: str, model_dir: Path, problems: Path, out: Pa
         "max_steps": args.rl_steps, "per_device_train_batch_size": args.rl_prompts_per_step * args.num_generations,
         "num_generations": args.num_generations, "max_completion_length": env["max_completion_tokens"],
         "temperature": args.temperature, "learning_rate": args.rl_learning_rate, "lr_scheduler_type": "linear",
-        "beta": 0.0, "scale_rewards": args.scale_rewards, "epsilon": 0.2, "epsilon_high": 0.28, "logging_steps": 1, "report_to": "none",
+        "beta": 0.0, "scale_rewards": args.scale_rewards, "epsilon": 0.2, "epsilon_high": 0.28,
+        "logging_steps": 1, "report_to": "none",
         "save_strategy": "steps", "save_steps": args.eval_every, "save_only_model": True,  # held-out curve
     }
     yaml_path = write_yaml(out.parent / "grpo.yaml", config)
