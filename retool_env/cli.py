@@ -10,12 +10,23 @@ from collections.abc import Sequence
 
 def _sandbox_serve(args: argparse.Namespace) -> int:
     import asyncio
+    import signal
 
     from retool_env.sandbox.http_server import serve
 
     kwargs = {"timeout": args.timeout, "memory_mb": args.memory_mb, "max_concurrency": args.max_concurrency}
+
+    async def serve_until_signalled() -> None:
+        # Ctrl-C and `kill` both stop the server cleanly; set explicitly, because a server started in the background
+        # (`retool-env sandbox serve &`) inherits SIGINT ignored, and SIGTERM would otherwise skip the cleanup.
+        loop, task = asyncio.get_running_loop(), asyncio.current_task()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await serve(args.host, args.port, isolation=args.isolation, **kwargs)
+
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(args.host, args.port, isolation=args.isolation, **kwargs))
+        asyncio.run(serve_until_signalled())
     return 0
 
 

@@ -412,7 +412,8 @@ def test_fusion_client_retries_transient_failures():
     assert refused.status == "sandbox_error" and "failed 2 times" in refused.output
 
 
-def test_cli_serve_speaks_sandbox_fusion(tmp_path):
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_cli_serve_speaks_sandbox_fusion_and_stops_on_a_signal(tmp_path, stop_signal):
     import socket
 
     with socket.socket() as s:
@@ -421,6 +422,8 @@ def test_cli_serve_speaks_sandbox_fusion(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "retool_env.cli", "sandbox", "serve", "--host", "127.0.0.1", "--port", str(port)],
         stdout=subprocess.PIPE, text=True,
+        # as a background job (`serve &`) starts it: with SIGINT ignored, which Python then keeps
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )  # fmt: skip
     try:
         assert "run_code" in proc.stdout.readline()
@@ -431,8 +434,8 @@ def test_cli_serve_speaks_sandbox_fusion(tmp_path):
         assert response["status"] == "Success" and response["run_result"]["stdout"] == "45\n"
         assert response["run_result"]["status"] == "Finished" and response["run_result"]["return_code"] == 0
     finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=15)
+        proc.send_signal(stop_signal)
+        assert proc.wait(timeout=15) == 0
 
 
 def test_cli_doctor_reports_layers(capsys):
