@@ -58,6 +58,12 @@ def test_miniature_smoke_writes_run_folder(tmp_path):
     sft_steps = {arm: yaml.safe_load((out / "seed0" / arm / "sft.yaml").read_text())["max_steps"]
                  for arm in ("tool", "text")}
     assert sft_steps["tool"] == sft_steps["text"] > 0
+    # The stages run as configured: no gradient checkpointing in SFT, GRPO advantages scaled by the batch, and a
+    # model whose query heads each have their own keys and values.
+    assert yaml.safe_load((out / "seed0" / "tool" / "sft.yaml").read_text())["gradient_checkpointing"] is False
+    assert yaml.safe_load((out / "seed0" / "tool" / "grpo.yaml").read_text())["scale_rewards"] == "batch"
+    model_config = json.loads((out / "seed0" / "model-init" / "config.json").read_text())
+    assert model_config["num_key_value_heads"] == model_config["num_attention_heads"] == 2
 
     summary = json.loads((out / "summary.json").read_text())
     for arm in ("tool", "text"):  # the held-out curve: after SFT (step 0), the checkpoint, after RL
