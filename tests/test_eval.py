@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -77,6 +79,7 @@ def test_metrics_match_direct_computation():
     correct = [[bool(t.correct) for t in TRAJECTORIES[i * 4:(i + 1) * 4]] for i in range(3)]
     assert correct == [[False, True, True, False], [False, False, True, False], [False] * 4]
     assert metrics["mean@4"] == pytest.approx((2 / 4 + 1 / 4 + 0) / 3)
+    assert metrics["mean@4_stderr"] == pytest.approx(statistics.stdev([2 / 4, 1 / 4, 0]) / math.sqrt(3))
     for k in (1, 2, 4):
         assert metrics[f"pass@{k}"] == pytest.approx(sum(direct_pass_at_k(c, k) for c in correct) / 3)
     # maj@1: 41, 8, 99 -> none right; maj@2: ties go to the first answer -> none; maj@4: 42 (x2, equivalent) wins p0.
@@ -97,6 +100,7 @@ def test_metrics_match_direct_computation():
     easy, count = metrics["by_level"]["easy"], metrics["by_level"]["count"]
     assert list(metrics["by_level"]) == ["easy", "count"]  # curriculum order
     assert easy["num_problems"] == 2 and easy["mean@4"] == pytest.approx((0.5 + 0.25) / 2)
+    assert easy["mean@4_stderr"] == pytest.approx(0.125) and count["mean@4_stderr"] is None  # one problem: unknown
     assert easy["maj@4"] == pytest.approx(0.5) and count["pass@4"] == 0.0
     assert count["tools"]["responses"] == 3
 

@@ -119,3 +119,21 @@ def test_criteria_judge_one_seed_against_the_issue_targets():
     result["text"]["after_rl"]["easy"]["accuracy"] = 0.0
     failed = {name for name, _, met in criteria(result) if not met}
     assert failed == {"easy: code use after RL <= 0.30", "easy: text RL accuracy > 0"}
+
+
+def test_hard_row_pools_levels_by_problem_count_with_its_standard_error():
+    level_rows = miniature_script().level_rows
+
+    def summary(acc, stderr, problems, code=1.0):
+        return {"mean@4": acc, "mean@4_stderr": stderr, "num_problems": problems, "mean_completion_tokens": 30.0,
+                "tools": {"code_ratio": code, "accuracy_with_tool": acc}}
+
+    metrics = {"n_samples": 4, **summary(0.7, 0.03, 60, 0.8),
+               "by_level": {"easy": summary(1.0, 0.0, 20, 0.0), "multiply": summary(0.9, 0.04, 10),
+                            "digitsum": summary(0.5, 0.06, 30)}}
+    rows = level_rows(metrics)
+    assert rows["hard"]["accuracy"] == pytest.approx((0.9 * 10 + 0.5 * 30) / 40)
+    assert rows["hard"]["accuracy_stderr"] == pytest.approx(((10 / 40 * 0.04) ** 2 + (30 / 40 * 0.06) ** 2) ** 0.5)
+    assert rows["hard"]["code_use"] == 1.0 and rows["all"]["accuracy_stderr"] == 0.03
+    metrics["by_level"]["multiply"]["mean@4_stderr"] = None  # one problem: its spread is unknown, so is the pool's
+    assert level_rows(metrics)["hard"]["accuracy_stderr"] is None

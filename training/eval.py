@@ -16,7 +16,9 @@ Writes `<out>/per_problem.jsonl`, `<out>/report.md`, `<out>/metrics.json` and `<
 Metrics, over n samples of each problem: `mean@n` is the average accuracy of all samples (the paper's "avg@32");
 `pass@k` is the unbiased estimator of Chen et al. (2021), 1 - C(n - c, k) / C(n, k) for c correct samples; `maj@k`
 is the accuracy of the majority answer among the first k samples, answers grouped by `retool_env.grading`'s
-normalisation and equivalence. An aborted episode (a backend failure) counts as a wrong sample and is reported.
+normalisation and equivalence; `mean@n_stderr` is the standard error of `mean@n` over problems (the spread of
+per-problem accuracy over the square root of the number of problems), how far a rerun of the same evaluation may
+land. An aborted episode (a backend failure) counts as a wrong sample and is reported.
 """
 
 from __future__ import annotations
@@ -168,12 +170,21 @@ def _tool_stats(trajectories: Sequence[Any]) -> dict[str, float | None]:
     }
 
 
+def _stderr(values: Sequence[float]) -> float | None:
+    """Standard error of the mean of `values` (sample standard deviation / sqrt(count)); None below two values."""
+    if len(values) < 2:
+        return None
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values))
+
+
 def _summary(groups: Sequence[tuple[Any, list[Any]]], n: int, ks: Sequence[int]) -> dict[str, Any]:
     """mean@n, pass@k, maj@k, rewards, lengths and tool statistics over (problem, its n trajectories) groups."""
     trajectories = [t for _, group in groups for t in group]
     summary: dict[str, Any] = {"num_problems": len(groups), "num_samples": len(trajectories)}
     correct = [[bool(t.correct) for t in group] for _, group in groups]
     summary[f"mean@{n}"] = sum(sum(c) / n for c in correct) / len(groups) if groups else 0.0
+    summary[f"mean@{n}_stderr"] = _stderr([sum(c) / n for c in correct])
     for k in ks:
         summary[f"pass@{k}"] = sum(pass_at_k(n, sum(c), k) for c in correct) / len(groups) if groups else 0.0
     for k in ks:
@@ -261,7 +272,8 @@ def render_report(metrics: dict[str, Any], config: dict[str, Any] | None = None)
         lines += [f"Model `{config.get('model')}` ({config.get('backend')}) on `{config.get('dataset')}`: "
                   f"{metrics['num_problems']} problems x {n} samples, tool format `{config.get('tool_format')}`.", ""]
     lines += ["## Accuracy", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
-              "| " + " | ".join(_fmt(metrics[c]) for c in columns) + " |", ""]
+              "| " + " | ".join(_fmt(metrics[c]) for c in columns) + " |", "",
+              f"Standard error of mean@{n} over problems: {_fmt(metrics[f'mean@{n}_stderr'])}.", ""]
     if metrics["by_level"]:
         header = ["level", "problems", *columns, "code ratio", "calls/response"]
         lines += ["## By level", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

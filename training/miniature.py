@@ -205,7 +205,8 @@ def level_rows(metrics: dict) -> dict[str, dict]:
     mean_at_n = f"mean@{metrics['n_samples']}"
 
     def row(m: dict) -> dict:
-        return {"accuracy": m[mean_at_n], "code_use": m["tools"]["code_ratio"],
+        return {"accuracy": m[mean_at_n], "accuracy_stderr": m.get(f"{mean_at_n}_stderr"),
+                "code_use": m["tools"]["code_ratio"],
                 "accuracy_with_tool": m["tools"]["accuracy_with_tool"], "problems": m["num_problems"],
                 "completion_tokens": m["mean_completion_tokens"]}
 
@@ -213,7 +214,10 @@ def level_rows(metrics: dict) -> dict[str, dict]:
     rows["all"] = row(metrics)
     hard = [rows[level] for level in HARD_LEVELS if level in rows]
     n = sum(r["problems"] for r in hard)
+    stderrs = [r["accuracy_stderr"] for r in hard]
     rows["hard"] = {"accuracy": sum(r["accuracy"] * r["problems"] for r in hard) / n,
+                    "accuracy_stderr": None if None in stderrs else  # levels are independent samples
+                    math.sqrt(sum((r["problems"] / n * se) ** 2 for r, se in zip(hard, stderrs, strict=True))),
                     "code_use": sum((r["code_use"] or 0) * r["problems"] for r in hard) / n,
                     "problems": n}
     return rows
@@ -445,6 +449,11 @@ def write_report(args: Arguments, out: Path, results: list[dict], wall_s: float)
     for i, (name, _, _) in enumerate(table[0]):
         cells = [f"{_fmt(t[i][1])} {'met' if t[i][2] else 'not met' if t[i][2] is False else 'n/a'}" for t in table]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if all("tool" in r for r in results):
+        noise = ", ".join(f"seed {r['seed']} hard ± {_fmt(r['tool']['after_rl']['hard']['accuracy_stderr'])} / all ± "
+                          f"{_fmt(r['tool']['after_rl']['all']['accuracy_stderr'])}" for r in results)
+        lines += ["", f"Standard error over problems of the tool arm's accuracy after RL (how far a rerun of the same "
+                      f"evaluation may land): {noise}."]
     lines += ["", "Held-out accuracy drop: how far the final accuracy lies below the best checkpoint of the last 30 "
               "RL steps (n/a when the run is shorter).", "", *heldout_table(results), "",
               "## Self-correction in evaluation samples", ""]
