@@ -17,8 +17,8 @@ Metrics, over n samples of each problem: `mean@n` is the average accuracy of all
 `pass@k` is the unbiased estimator of Chen et al. (2021), 1 - C(n - c, k) / C(n, k) for c correct samples; `maj@k`
 is the accuracy of the majority answer among the first k samples, answers grouped by `retool_env.grading`'s
 normalisation and equivalence; `mean@n_stderr` is the standard error of `mean@n` over problems (the spread of
-per-problem accuracy over the square root of the number of problems), how far a rerun of the same evaluation may
-land. An aborted episode (a backend failure) counts as a wrong sample and is reported.
+per-problem accuracy over the square root of the number of problems): the uncertainty of `mean@n` as an estimate of
+accuracy on problems like these. An aborted episode (a backend failure) counts as a wrong sample and is reported.
 """
 
 from __future__ import annotations

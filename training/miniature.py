@@ -55,9 +55,10 @@ class Arguments:
     train_per_level: int = field(default=400, metadata={"help": "Training problems per level."})
     test_per_level: int = field(default=40, metadata={"help": "Held-out problems per level."})
     text_share_easy: float = field(default=0.9, metadata={"help": "Cold start: share of easy problems answered "
-                                                                   "directly (the rest use code, self-correcting first). At 0.8, RL's early "
-                                                                   "push toward code on hard problems spread to easy "
-                                                                   "ones in two seeds of three (BENCHMARKS.md)."})
+                                                                   "directly (the rest use code, self-correcting "
+                                                                   "first). At 0.8, RL's early push toward code on "
+                                                                   "hard problems spread to easy ones in two seeds "
+                                                                   "of three (BENCHMARKS.md)."})
     text_share_hard: float = field(default=0.4, metadata={"help": "Cold start: share of hard problems answered "
                                                                    "directly (unlearnable: a guess). RL has to "
                                                                    "learn that these need the interpreter; more "
@@ -456,8 +457,7 @@ def write_report(args: Arguments, out: Path, results: list[dict], wall_s: float)
     if all("tool" in r for r in results):
         noise = ", ".join(f"seed {r['seed']} hard ± {_fmt(r['tool']['after_rl']['hard']['accuracy_stderr'])} / all ± "
                           f"{_fmt(r['tool']['after_rl']['all']['accuracy_stderr'])}" for r in results)
-        lines += ["", f"Standard error over problems of the tool arm's accuracy after RL (how far a rerun of the same "
-                      f"evaluation may land): {noise}."]
+        lines += ["", f"Standard error over problems of the tool arm's accuracy after RL: {noise}."]
     lines += ["", "Held-out accuracy drop: how far the final accuracy lies below the best checkpoint of the last 30 "
               "RL steps (n/a when the run is shorter).", "", *heldout_table(results), "",
               "## Self-correction in evaluation samples", ""]
