@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import statistics
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -172,10 +173,7 @@ def _tool_stats(trajectories: Sequence[Any]) -> dict[str, float | None]:
 
 def _stderr(values: Sequence[float]) -> float | None:
     """Standard error of the mean of `values` (sample standard deviation / sqrt(count)); None below two values."""
-    if len(values) < 2:
-        return None
-    mean = sum(values) / len(values)
-    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values))
+    return statistics.stdev(values) / math.sqrt(len(values)) if len(values) >= 2 else None
 
 
 def _summary(groups: Sequence[tuple[Any, list[Any]]], n: int, ks: Sequence[int]) -> dict[str, Any]:
