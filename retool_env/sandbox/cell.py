@@ -1,8 +1,9 @@
 """Inside the sandboxed child: capture output into shared memory and run one cell, Jupyter-style.
 
-Output goes to a shared memory page rather than a pipe so that whatever was printed before a SIGKILL survives it,
-and so that a 100 MB print costs the parent nothing: each stream keeps its first `head` bytes and a ring of its last
-`tail` bytes, plus a count of everything written.
+Output goes to a shared memory file (a memfd private to one call: the server maps it, the call's child maps it, no
+other process holds it) rather than a pipe so that whatever was printed before a SIGKILL survives it, and so that a
+100 MB print costs the server nothing: each stream keeps its first `head` bytes and a ring of its last `tail`
+bytes, plus a count of everything written.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import ast
 import io
 import linecache
 import mmap
+import os
 import struct
 import sys
 import traceback
@@ -23,13 +25,24 @@ STATUS_UNSET, STATUS_OK, STATUS_ERROR, STATUS_MEMORY = 0, 1, 2, 3
 
 
 class OutputBuffer:
-    """A shared mapping holding a status word and two head+tail captured streams."""
+    """A shared mapping of a memfd holding a status word and two head+tail captured streams."""
 
-    def __init__(self, cap: int) -> None:
+    def __init__(self, cap: int, fd: int | None = None) -> None:
+        """A new buffer (`fd` None: see `fd` to hand it to the child), or the child's view of an existing one."""
         self.head = cap // 2
         self.tail = cap - self.head
         self.stream_size = self.head + self.tail
-        self.mem = mmap.mmap(-1, _HEADER.size + 2 * self.stream_size)  # MAP_SHARED|MAP_ANONYMOUS: survives fork
+        size = _HEADER.size + 2 * self.stream_size
+        self.fd = os.memfd_create("retool-output", os.MFD_CLOEXEC) if fd is None else fd
+        if fd is None:
+            os.ftruncate(self.fd, size)
+        self.mem = mmap.mmap(self.fd, size)  # MAP_SHARED: the server reads what the child wrote, even after a kill
+
+    def release_fd(self) -> None:
+        """Close the descriptor once it has been handed over; the mapping stays."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
     def reset(self) -> None:
         _HEADER.pack_into(self.mem, 0, STATUS_UNSET, 0, 0, 0)
@@ -79,6 +92,7 @@ class OutputBuffer:
         return head.decode("utf-8", "replace") + marker + tail.decode("utf-8", "replace"), True
 
     def close(self) -> None:
+        self.release_fd()
         self.mem.close()
 
 

@@ -1,4 +1,11 @@
-"""Which isolation layers this machine allows, probed once, and the command that starts the server inside them."""
+"""The namespace wrapper the server starts in, and the report of every isolation layer.
+
+The server runs inside bubblewrap where it is installed: a read-only view of the host in which the homes (`/root`,
+`/home`, `$HOME`), `/tmp`, `/var/tmp` and `/run` are empty tmpfs mounts (only the Python install and this package
+are bound back, read-only), with private pid, network, IPC and UTS namespaces. As root it keeps only the
+capabilities it needs to give each child its own uid and to signal it; unprivileged, bubblewrap maps the user into
+a user namespace. Each child then confines itself further (confine.py); `report()` merges both.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +14,14 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 from dataclasses import dataclass
 
 from . import seccomp
 
-NOBODY = 65534
-SANDBOX_JOBS_DIR = "/tmp/retool-jobs"  # inside bubblewrap's private /tmp
+_MASKED = ("/root", "/home", "/tmp", "/var/tmp", "/run")
+# As root: switch each child to its own uid (SETUID, SETGID), drop its bounding set where it has no user
+# namespace (SETPCAP), and signal children of other uids (KILL). Nothing else.
+_SERVER_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_KILL")
 
 
 @dataclass(frozen=True)
@@ -34,25 +42,52 @@ def _probe(cmd: list[str], timeout: float = 10.0) -> str | None:
     return (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
 
 
-def python_paths_under_tmp() -> list[str]:
-    """Where the server's Python and this package live, if under /tmp: the private /tmp would hide them."""
+def _outermost(paths: set[str]) -> list[str]:
+    return sorted(p for p in paths if not any(p.startswith(q + "/") for q in paths))
+
+
+def python_paths() -> list[str]:
+    """What the server's interpreter needs to see: its install, the venv, sys.path and this package."""
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     candidates = {sys.prefix, sys.base_prefix, os.path.dirname(sys.executable), package_root, *sys.path}
-    found = sorted({os.path.realpath(p) for p in candidates if p} | {p for p in candidates if p})
-    under_tmp = [p for p in found if p.startswith("/tmp/") and os.path.exists(p)]
-    return [p for p in under_tmp if not any(p.startswith(q + "/") for q in under_tmp)]
+    candidates.add(os.path.dirname(os.path.realpath(sys.executable)))
+    found = {os.path.realpath(p) for p in candidates if p} | {os.path.abspath(p) for p in candidates if p}
+    return _outermost({p for p in found if os.path.exists(p) and p != "/"})
 
 
-def bwrap_args(keep_caps: bool) -> list[str]:
-    """A read-only view of the host, private /tmp, /dev and /proc, and new pid/net/ipc/uts namespaces."""
-    args = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
-    for path in python_paths_under_tmp():  # a checkout or venv under /tmp stays visible, read-only
+def masked_dirs() -> list[str]:
+    home = os.path.expanduser("~")
+    dirs = {d for d in (*_MASKED, home) if d not in ("", "/") and os.path.isdir(d)}
+    return _outermost({os.path.realpath(d) for d in dirs})
+
+
+def hidden_python_paths(under: tuple[str, ...] | list[str]) -> list[str]:
+    """The Python paths that a tmpfs over one of `under` would hide."""
+    return [p for p in python_paths() if any(p == d or p.startswith(d + "/") for d in under)]
+
+
+def bwrap_args(cgroup_dirs: tuple[str, ...] = ()) -> list[str]:
+    args = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    masked = masked_dirs()
+    for directory in masked:
+        args += ["--tmpfs", directory]
+    for path in hidden_python_paths(masked):
+        # bubblewrap would create the directories above it with mode 0700, which only root could traverse.
+        top = next(d for d in masked if path == d or path.startswith(d + "/"))
+        parts = os.path.relpath(path, top).split(os.sep)[:-1]
+        for i in range(len(parts)):
+            args += ["--perms", "0755", "--dir", os.path.join(top, *parts[: i + 1])]
         args += ["--ro-bind", path, path]
+    for directory in cgroup_dirs:  # the server's own cgroups, where it creates one per call
+        args += ["--bind", directory, directory]
     args += ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     args += ["--new-session", "--hostname", "sandbox"]
-    if keep_caps:  # the server needs these to drop its children to another uid; the children lose them
-        for cap in ("CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_FOWNER", "CAP_DAC_OVERRIDE", "CAP_KILL"):
+    if os.geteuid() == 0:
+        args += ["--cap-drop", "ALL"]
+        for cap in _SERVER_CAPS:
             args += ["--cap-add", cap]
+    else:
+        args += ["--unshare-user"]
     return [*args, "--"]
 
 
@@ -61,82 +96,87 @@ def unshare_args() -> list[str]:
     return ["unshare", *user, "--net", "--ipc", "--uts", "--pid", "--fork", "--mount", "--mount-proc", "--"]
 
 
-@functools.lru_cache(maxsize=1)
-def _uid_drop_problem() -> str | None:
-    if os.geteuid() != 0:
-        return "not running as root (the server already runs unprivileged)"
-    paths = [sysconfig.get_paths()["stdlib"], *(p for p in sys.path if p.endswith("site-packages"))]
-    check = f"import os; os.setgroups([]); os.setresgid({NOBODY},{NOBODY},{NOBODY}); os.setresuid({NOBODY},{NOBODY},{NOBODY})\n"
-    check += "".join(f"os.listdir({p!r})\n" for p in paths)
-    if _probe([sys.executable, "-I", "-S", "-c", check]) is None:
-        return None
-    return f"the Python install ({sys.base_prefix}) is not readable by uid {NOBODY}, so children could not import modules"
-
-
 @functools.cache
-def _wrapper(name: str) -> tuple[list[str] | None, str]:
-    """(argv prefix, description) if the wrapper works here, else (None, why not)."""
+def _wrapper(name: str) -> tuple[bool, str]:
+    """(works here, description or why not)."""
     if name == "bwrap":
         if not shutil.which("bwrap"):
-            return None, "bubblewrap not installed (apt-get install -y bubblewrap)"
-        prefix = bwrap_args(keep_caps=_uid_drop_problem() is None)
-        about = "bubblewrap: read-only /, private /tmp, new pid/net/ipc/uts namespaces"
+            return False, "bubblewrap not installed (apt-get install -y bubblewrap)"
+        prefix = bwrap_args()
+        about = "bubblewrap: read-only /, homes, /tmp and /run hidden, private pid/net/ipc/uts namespaces"
     elif name == "unshare":
         if not shutil.which("unshare"):
-            return None, "util-linux unshare not found"
+            return False, "util-linux unshare not found"
         prefix = unshare_args()
-        about = "unshare: new pid/net/ipc/uts/mount namespaces (the filesystem stays writable)"
+        about = "unshare: private pid/net/ipc/uts/mount namespaces (the host's files stay visible)"
     else:
         raise RuntimeError(f"isolation={name!r} is not available here: use auto, bwrap, unshare or none")
     problem = _probe([*prefix, "/bin/true"])
-    return (prefix, about) if problem is None else (None, f"{name} failed: {problem}")
+    return (True, about) if problem is None else (False, f"{name} failed: {problem}")
 
 
-def _wrapper_choice() -> tuple[str, list[str], str]:
-    """(name, argv prefix, why) of the strongest namespace wrapper that works here."""
-    reasons = []
-    for name in ("bwrap", "unshare"):
-        prefix, about = _wrapper(name)
-        if prefix is not None:
-            return name, prefix, about
-        reasons.append(about)
-    return "none", [], "; ".join(reasons)
-
-
-def server_prefix(mode: str) -> tuple[str, list[str]]:
-    """The wrapper to start the server in: `auto` picks the strongest available, `none` runs it bare."""
+def choose_wrapper(mode: str) -> str:
+    """`auto` picks the strongest wrapper that works here; `none` runs the server bare."""
     if mode == "none":
-        return "none", []
+        return "none"
     if mode == "auto":
-        name, prefix, _ = _wrapper_choice()
-        return name, prefix
-    prefix, about = _wrapper(mode)
-    if prefix is None:
+        return next((name for name in ("bwrap", "unshare") if _wrapper(name)[0]), "none")
+    works, about = _wrapper(mode)
+    if not works:
         raise RuntimeError(f"isolation={mode!r} is not available here: {about}")
-    return mode, prefix
+    return mode
 
 
-def uid_drop_available() -> bool:
-    return _uid_drop_problem() is None
+def wrapper_prefix(name: str, cgroup_dirs: tuple[str, ...] = ()) -> list[str]:
+    return {"bwrap": lambda: bwrap_args(cgroup_dirs), "unshare": unshare_args, "none": list}[name]()
+
+
+def _caps_empty(child: dict) -> bool:
+    return all(child.get(key) == "0" * 16 for key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"))
+
+
+def layers(wrapper: str, measured: dict, *, root: bool) -> list[Layer]:
+    """Every layer, active or not, from the wrapper in use and what the server measured in a child
+    (`measured`: {"missing": {layer: why}, "child": /proc/self/status fields of a confined child})."""
+    missing, child = measured.get("missing", {}), measured.get("child", {})
+    wrapped = wrapper != "none"
+    bwrap = wrapper == "bwrap"
+    uid = child.get("Uid", "?")
+    rows = [
+        Layer("clean environment", True, "the server and every child start with an empty environment"),
+        Layer("namespaces", wrapped, _wrapper(wrapper)[1] if wrapped else "no wrapper: bubblewrap or unshare"),
+        Layer("read-only filesystem", bwrap, "the host is read-only; homes, /tmp, /run hidden" if bwrap else
+              "needs bubblewrap"),
+        Layer("network isolation", wrapped, "empty network namespace; sockets refused" if wrapped else
+              "needs namespaces"),
+        Layer("user namespace", "user namespace" not in missing and bool(child),
+              missing.get("user namespace", "each call in its own, its mounts locked; private /tmp and /dev/shm")),
+        Layer("uid per call", "uid per call" not in missing and root and uid not in ("0", "?"),
+              missing.get("uid per call", f"children run as uid {uid}, one uid per live call or session") if root
+              else "needs root: children keep the server's uid (each in its own user namespace)"),
+        Layer("capabilities dropped", _caps_empty(child), "all five sets empty" if _caps_empty(child) else
+              "a child still holds capabilities: " + ", ".join(f"{k}={child.get(k)}" for k in ("CapEff", "CapBnd"))),
+        Layer("no_new_privs", child.get("NoNewPrivs") == "1", f"NoNewPrivs={child.get('NoNewPrivs', '?')}"),
+        Layer("seccomp", "seccomp" not in missing and child.get("Seccomp") == "2",
+              missing.get("seccomp", seccomp.supported() or "allowlist filter (default deny) in every child")),
+        Layer("cgroup", "cgroup" not in missing and bool(measured.get("cgroup")),
+              missing.get("cgroup", measured.get("cgroup_detail", "no cgroup delegated"))),
+        Layer("not dumpable", child.get("dumpable") == 0, "no ptrace, no /proc/<pid>/mem between calls"),
+        Layer("rlimits", True, "address space, CPU time, file size, open files, core dumps, processes"),
+    ]
+    return rows
+
+
+def required(rows: list[Layer], *, root: bool) -> list[Layer]:
+    """The layers `require="strict"` insists on (a uid per call and cgroups only where root makes them possible)."""
+    optional = set() if root else {"uid per call", "cgroup"}
+    return [row for row in rows if row.name not in optional]
 
 
 def report() -> list[Layer]:
-    """Every layer with whether it is active and why (used by `retool-env doctor`)."""
-    name, _, why = _wrapper_choice()
-    seccomp_problem = seccomp.supported()
-    uid_problem = _uid_drop_problem()
-    fs = name == "bwrap"
-    return [
-        Layer("clean environment", True, "the server starts with an empty environment: no trainer secrets"),
-        Layer("rlimits", True, "address space, CPU time, file size, open files, core dumps"),
-        Layer("process group kill", True, "each call is its own session/process group, killed as a whole"),
-        Layer("namespaces", name != "none", why),
-        Layer("read-only filesystem", fs, "bubblewrap's read-only bind of /" if fs else "needs bubblewrap"),
-        Layer("network isolation", name != "none", "empty network namespace" if name != "none" else "needs namespaces"),
-        Layer(
-            "seccomp",
-            seccomp_problem is None,
-            seccomp_problem or "no exec, fork, sockets, ptrace, mount, namespaces, or signals to other processes",
-        ),
-        Layer("uid drop", uid_problem is None, uid_problem or f"children run as uid {NOBODY}"),
-    ]
+    """Every layer measured in a child of a freshly started sandbox (used by `retool-env doctor`)."""
+    from .local import LocalSandbox
+
+    with LocalSandbox(timeout=5) as sandbox:
+        sandbox.start()
+        return sandbox.layers()

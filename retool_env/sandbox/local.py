@@ -14,19 +14,21 @@ import json
 import os
 import secrets
 import select
-import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import warnings
 import weakref
 from typing import Any
 
 from . import isolation, seccomp
 from .base import ExecResult, Sandbox, check_code
-from .server import PRELOAD, pack, read_frame
+from .cgroups import Delegation
+from .protocol import pack, read_frame
+from .server import PRELOAD
 
 _SANDBOX_DIR = os.path.dirname(os.path.abspath(__file__))
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(_SANDBOX_DIR))
@@ -56,32 +58,31 @@ class _Process:
     """One running server: its process, socket and lifeline. Cleans up after itself when garbage collected.
 
     Nothing of it lives on disk that could outlast a killed trainer: the socket has an abstract address (Linux),
-    the log is an unnamed file, and the job directories are removed by the server when its lifeline closes.
+    the log is an unnamed file, and the server's cgroups are removed when it stops.
     """
 
     def __init__(self, config: dict[str, Any], isolation_mode: str, start_timeout: float) -> None:
         self.address = f"\0retool-sandbox-{os.getpid()}-{secrets.token_hex(8)}"
-        self.wrapper, prefix = isolation.server_prefix(isolation_mode)
+        self.wrapper = isolation.choose_wrapper(isolation_mode)
+        self.cgroup, self.cgroup_detail = Delegation.create() if os.geteuid() == 0 else (None, "needs root")
+        prefix = isolation.wrapper_prefix(self.wrapper, self.cgroup.parents if self.cgroup else ())
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(self.address)
         listener.listen(1024)
         lifeline_r, self.lifeline_w = os.pipe()
-        # bubblewrap's /tmp is private to the sandbox: jobs live there, and the server sweeps it after each call.
-        self.jobs_dir = None if self.wrapper == "bwrap" else tempfile.mkdtemp(prefix="retool-sandbox-jobs-")
         config = {
             **config,
             "listen_fd": listener.fileno(),
             "lifeline_fd": lifeline_r,
-            "jobs_dir": self.jobs_dir or isolation.SANDBOX_JOBS_DIR,
-            "scratch_dirs": ["/tmp"] if self.wrapper == "bwrap" else [],
-            "scratch_keep": isolation.python_paths_under_tmp() if self.wrapper == "bwrap" else [],
+            "cgroup": {"version": self.cgroup.version, "parents": self.cgroup.parents} if self.cgroup else None,
+            "hidden_paths": isolation.hidden_python_paths(["/tmp"]),
         }
         bootstrap = _BOOTSTRAP.format(root=_PACKAGE_ROOT, sandbox=_SANDBOX_DIR)
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 - the server writes to it for its whole life
         self.proc = subprocess.Popen(
             # Not -I: it would ignore PYTHONMALLOC. The environment is ours alone, so -s is all that is needed.
-            [*prefix, sys.executable, "-s", "-c", bootstrap, json.dumps(config)],
-            stdin=subprocess.DEVNULL,
+            [*prefix, sys.executable, "-s", "-c", bootstrap],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.log,
             env=_CLEAN_ENV,
@@ -91,10 +92,17 @@ class _Process:
         )
         listener.close()
         os.close(lifeline_r)
-        self._finalizer = weakref.finalize(self, _stop, self.proc, self.lifeline_w, self.jobs_dir, self.log)
-        self._wait_ready(start_timeout)
+        self._finalizer = weakref.finalize(self, _stop, self.proc, self.lifeline_w, self.cgroup, self.log)
+        assert self.proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError):  # on the command line, any process could read it
+            self.proc.stdin.write(json.dumps(config).encode() + b"\n")
+            self.proc.stdin.close()
+        self.measured = self._wait_ready(start_timeout)
+        self.measured["cgroup"] = self.cgroup is not None and "cgroup" not in self.measured.get("missing", {})
+        self.measured["cgroup_detail"] = self.cgroup_detail
 
-    def _wait_ready(self, timeout: float) -> None:
+    def _wait_ready(self, timeout: float) -> dict[str, Any]:
+        """Wait for `ready <layers>`: what the server measured in a confined child."""
         assert self.proc.stdout is not None
         deadline = time.monotonic() + timeout
         line = b""
@@ -102,16 +110,17 @@ class _Process:
             ready, _, _ = select.select([self.proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
             if not ready:
                 break
-            chunk = os.read(self.proc.stdout.fileno(), 64)
+            chunk = os.read(self.proc.stdout.fileno(), 4096)
             if not chunk:
                 break
             line += chunk
         self.proc.stdout.close()
-        if line.strip() != b"ready":
+        if not line.startswith(b"ready "):
             self.log.seek(0)
             log = self.log.read()[-2000:].decode("utf-8", "replace")
             self.stop()
-            raise RuntimeError(f"the sandbox server did not start (got {line!r}); its log:\n{log}")
+            raise RuntimeError(f"the sandbox server did not start (got {line[:200]!r}); its log:\n{log}")
+        return json.loads(line[len(b"ready "):])
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -128,7 +137,7 @@ class _Process:
         self._finalizer()
 
 
-def _stop(proc: subprocess.Popen[bytes], lifeline_w: int, jobs_dir: str | None, log: Any) -> None:
+def _stop(proc: subprocess.Popen[bytes], lifeline_w: int, cgroup: Delegation | None, log: Any) -> None:
     """Close the lifeline (the server then cleans up and exits), wait briefly, then make sure."""
     with contextlib.suppress(OSError):
         os.close(lifeline_w)
@@ -139,8 +148,8 @@ def _stop(proc: subprocess.Popen[bytes], lifeline_w: int, jobs_dir: str | None, 
             os.killpg(proc.pid, 9)
         proc.wait()
     log.close()
-    if jobs_dir:
-        shutil.rmtree(jobs_dir, ignore_errors=True)
+    if cgroup is not None:
+        cgroup.remove()
 
 
 class LocalSandbox(Sandbox):
@@ -155,9 +164,13 @@ class LocalSandbox(Sandbox):
         max_output_bytes: per stream; the first and last halves are kept and the middle is marked as cut.
         traceback_lines: how many final lines of a traceback the model sees.
         max_sessions: live per-episode sessions; the least recently used is closed beyond this.
-        isolation: `auto` (the strongest available), `bwrap`, `unshare` or `none`.
-        seccomp: load the seccomp filter in every child where the machine supports it.
-        drop_uid: run children as uid 65534 when root and the Python install is readable by it.
+        isolation: the server's namespace wrapper: `auto` (the strongest available), `bwrap`, `unshare` or `none`.
+        seccomp: load the allowlist seccomp filter in every child where the machine supports it.
+        userns: give every child its own user and mount namespace (private /tmp and /dev/shm, locked mounts).
+        drop_uid: when root, give every live call or session its own unprivileged uid.
+        tmp_mb, shm_mb: size of each call's private /tmp and /dev/shm (counted in its cgroup's memory too).
+        require: `warn` (default: start with what this machine allows, and warn once naming what is missing) or
+            `strict` (refuse to start unless every layer is on; a uid per call and cgroups only as root).
     """
 
     def __init__(
@@ -173,13 +186,20 @@ class LocalSandbox(Sandbox):
         max_sessions: int = 64,
         isolation: str = "auto",
         seccomp: bool = True,
+        userns: bool = True,
         drop_uid: bool = True,
+        tmp_mb: int = 256,
+        shm_mb: int = 64,
+        require: str = "warn",
         preload: list[str] | None = None,
         start_timeout: float = 120.0,
     ) -> None:
+        if require not in ("warn", "strict"):
+            raise ValueError(f"require must be 'warn' or 'strict', got {require!r}")
         self.timeout = timeout
         self.echo = echo
         self.isolation = isolation
+        self.require = require
         self.start_timeout = start_timeout
         # Twice the cores: a child waiting on I/O or being reaped should not leave a core idle.
         concurrency = max_concurrency or 2 * (os.cpu_count() or 1)
@@ -191,7 +211,10 @@ class LocalSandbox(Sandbox):
             "traceback_lines": traceback_lines,
             "max_sessions": max_sessions,
             "use_seccomp": seccomp and _seccomp_supported(),
-            "drop_to_uid": isolation_uid() if drop_uid else None,
+            "use_userns": userns,
+            "uid_per_call": drop_uid and os.geteuid() == 0,
+            "tmp_mb": tmp_mb,
+            "shm_mb": shm_mb,
             "preload": list(PRELOAD if preload is None else preload),
         }
         self._process: _Process | None = None
@@ -208,7 +231,31 @@ class LocalSandbox(Sandbox):
             if self._process is None or not self._process.alive():
                 if self._process is not None:
                     self._process.stop()
-                self._process = _Process(self._config, self.isolation, self.start_timeout)
+                process = _Process(self._config, self.isolation, self.start_timeout)
+                self._check_layers(process)
+                self._process = process
+
+    def _check_layers(self, process: _Process) -> None:
+        root = os.geteuid() == 0
+        rows = isolation.layers(process.wrapper, process.measured, root=root)
+        missing = [row for row in isolation.required(rows, root=root) if not row.active]
+        if not missing:
+            return
+        text = "; ".join(f"{row.name} ({row.detail})" for row in missing)
+        if self.require == "strict":
+            process.stop()
+            raise RuntimeError(f"LocalSandbox(require='strict'): isolation layers missing on this machine: {text}")
+        key = (process.wrapper, text)
+        if key not in _WARNED:
+            _WARNED.add(key)
+            warnings.warn(f"LocalSandbox runs without: {text}. `retool-env doctor` explains; "
+                          "require='strict' refuses to start instead.", RuntimeWarning, stacklevel=4)
+
+    def layers(self) -> list[isolation.Layer]:
+        """Every isolation layer and whether it is on, as measured in a confined child of the running server."""
+        self.start()
+        assert self._process is not None
+        return isolation.layers(self._process.wrapper, self._process.measured, root=os.geteuid() == 0)
 
     async def _ready_process(self) -> _Process:
         process = self._process
@@ -316,7 +363,7 @@ class LocalSandbox(Sandbox):
                 await self._request({"op": "close_session", "session": session})
 
     async def info(self) -> dict[str, Any]:
-        """The server's counters (pool, sessions, running calls, job directories): for tests and monitoring."""
+        """The server's counters (pool, sessions, running calls) and measured layers: for tests and monitoring."""
         return await self._request({"op": "info"})
 
 
@@ -324,6 +371,4 @@ def _seccomp_supported() -> bool:
     return seccomp.supported() is None
 
 
-def isolation_uid() -> int | None:
-    """The uid children drop to, or None where dropping is impossible or would break imports."""
-    return isolation.NOBODY if isolation.uid_drop_available() else None
+_WARNED: set[tuple[str, str]] = set()

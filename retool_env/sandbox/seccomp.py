@@ -1,8 +1,11 @@
-"""A seccomp filter, assembled by hand as classic BPF and loaded with prctl (no libseccomp needed).
+"""An allowlist seccomp filter, assembled by hand as classic BPF and loaded with prctl (no libseccomp needed).
 
-It denies what untrusted math code never needs: exec, new processes, sockets, ptrace, mounts and namespaces,
-kernel keyrings and modules, and signals to any process but itself. Denied calls fail with EPERM, so Python raises
-`PermissionError` and the model sees why.
+Default deny: a system call that is not on the list fails with ENOSYS (so a newer kernel's calls are denied and
+glibc's fallbacks still work), the calls model code must not make fail with EPERM (Python raises
+`PermissionError` and the model sees why), and any entry point but x86-64's (i386 `int 0x80`) kills the process.
+Dual-use calls are allowed with their arguments checked: `clone` without namespace flags (and only threads, except
+in session heads, which snapshot state by forking), `kill`/`tgkill` to itself, `ioctl`, `prctl` and `personality`
+for queries, `setpriority` only to be nicer, `prlimit64` on itself.
 """
 
 from __future__ import annotations
@@ -13,23 +16,65 @@ import platform
 import struct
 
 _AUDIT_ARCH_X86_64 = 0xC000003E
-# x86_64 syscall numbers (arch/x86/entry/syscalls/syscall_64.tbl).
-_DENY_X86_64 = {
-    "socket": 41, "socketpair": 53, "fork": 57, "vfork": 58, "execve": 59, "ptrace": 101, "chroot": 161,
-    "pivot_root": 155, "mount": 165, "umount2": 166, "swapon": 167, "swapoff": 168, "reboot": 169,
-    "init_module": 175, "delete_module": 176, "kexec_load": 246, "add_key": 248, "request_key": 249,
-    "keyctl": 250, "unshare": 272, "perf_event_open": 298, "setns": 308, "process_vm_readv": 310,
-    "process_vm_writev": 311, "finit_module": 313, "bpf": 321, "execveat": 322, "userfaultfd": 323,
-    "io_uring_setup": 425, "tkill": 200,
+_X32_BIT = 0x40000000
+
+# x86_64 numbers (arch/x86/entry/syscalls/syscall_64.tbl); tests check them against the kernel headers.
+SYSCALLS = {
+    "read": 0, "write": 1, "open": 2, "close": 3, "stat": 4, "fstat": 5, "lstat": 6, "poll": 7, "lseek": 8,
+    "mmap": 9, "mprotect": 10, "munmap": 11, "brk": 12, "rt_sigaction": 13, "rt_sigprocmask": 14,
+    "rt_sigreturn": 15, "ioctl": 16, "pread64": 17, "pwrite64": 18, "readv": 19, "writev": 20, "access": 21,
+    "pipe": 22, "select": 23, "sched_yield": 24, "mremap": 25, "msync": 26, "mincore": 27, "madvise": 28,
+    "dup": 32, "dup2": 33, "pause": 34, "nanosleep": 35, "getitimer": 36, "alarm": 37, "setitimer": 38,
+    "getpid": 39, "sendfile": 40, "socket": 41, "socketpair": 53, "clone": 56, "fork": 57, "vfork": 58,
+    "execve": 59, "exit": 60, "wait4": 61, "kill": 62, "uname": 63, "fcntl": 72, "flock": 73, "fsync": 74,
+    "fdatasync": 75, "truncate": 76, "ftruncate": 77, "getdents": 78, "getcwd": 79, "chdir": 80, "fchdir": 81,
+    "rename": 82, "mkdir": 83, "rmdir": 84, "creat": 85, "link": 86, "unlink": 87, "symlink": 88, "readlink": 89,
+    "chmod": 90, "fchmod": 91, "umask": 95, "gettimeofday": 96, "getrlimit": 97, "getrusage": 98, "sysinfo": 99,
+    "times": 100, "ptrace": 101, "getuid": 102, "syslog": 103, "getgid": 104, "geteuid": 107, "getegid": 108,
+    "setpgid": 109, "getppid": 110, "getpgrp": 111, "setsid": 112, "getgroups": 115, "getresuid": 118,
+    "getresgid": 120, "getpgid": 121, "getsid": 124, "capget": 125, "rt_sigpending": 127,
+    "rt_sigtimedwait": 128, "rt_sigqueueinfo": 129, "rt_sigsuspend": 130, "sigaltstack": 131, "utime": 132,
+    "mknod": 133, "personality": 135, "statfs": 137, "fstatfs": 138, "getpriority": 140, "setpriority": 141,
+    "sched_setparam": 142, "sched_getparam": 143, "sched_setscheduler": 144, "sched_getscheduler": 145,
+    "sched_get_priority_max": 146, "sched_get_priority_min": 147, "sched_rr_get_interval": 148, "prctl": 157,
+    "arch_prctl": 158, "setrlimit": 160, "mount": 165, "gettid": 186, "getxattr": 191, "lgetxattr": 192,
+    "fgetxattr": 193, "listxattr": 194, "llistxattr": 195, "flistxattr": 196, "tkill": 200, "time": 201,
+    "futex": 202, "sched_getaffinity": 204, "epoll_create": 213, "getdents64": 217, "set_tid_address": 218,
+    "restart_syscall": 219, "fadvise64": 221, "timer_create": 222, "timer_settime": 223, "timer_gettime": 224,
+    "timer_getoverrun": 225, "timer_delete": 226, "clock_gettime": 228, "clock_getres": 229,
+    "clock_nanosleep": 230, "exit_group": 231, "epoll_wait": 232, "epoll_ctl": 233, "tgkill": 234, "utimes": 235,
+    "waitid": 247, "openat": 257, "mkdirat": 258, "mknodat": 259, "futimesat": 261, "newfstatat": 262,
+    "unlinkat": 263, "renameat": 264, "linkat": 265, "symlinkat": 266, "readlinkat": 267, "fchmodat": 268,
+    "faccessat": 269, "pselect6": 270, "ppoll": 271, "unshare": 272, "set_robust_list": 273,
+    "get_robust_list": 274, "splice": 275, "tee": 276, "utimensat": 280, "epoll_pwait": 281, "signalfd": 282,
+    "timerfd_create": 283, "eventfd": 284, "fallocate": 285, "timerfd_settime": 286, "timerfd_gettime": 287,
+    "signalfd4": 289, "eventfd2": 290, "epoll_create1": 291, "dup3": 292, "pipe2": 293, "preadv": 295,
+    "pwritev": 296, "rt_tgsigqueueinfo": 297, "prlimit64": 302, "open_by_handle_at": 304, "getcpu": 309,
+    "sched_setattr": 314, "renameat2": 316, "getrandom": 318, "memfd_create": 319, "copy_file_range": 326,
+    "preadv2": 327, "pwritev2": 328, "statx": 332, "rseq": 334, "pidfd_send_signal": 424, "open_tree": 428,
+    "fsopen": 430, "pidfd_open": 434, "clone3": 435, "close_range": 436, "pidfd_getfd": 438, "faccessat2": 439,
+    "epoll_pwait2": 441, "mount_setattr": 442, "futex_waitv": 449, "futex_wake": 454, "futex_wait": 455,
+    "futex_requeue": 456,
 }  # fmt: skip
-_SETSID, _SETPGID = 112, 109
-_CLONE, _CLONE3, _KILL, _TGKILL = 56, 435, 62, 234
+
+# What a Python interpreter running numpy and sympy needs, with no argument that could reach beyond itself.
+ALLOWED = frozenset(["read", "write", "open", "close", "stat", "fstat", "lstat", "poll", "lseek", "mmap", "mprotect", "munmap", "brk", "rt_sigaction", "rt_sigprocmask", "rt_sigreturn", "pread64", "pwrite64", "readv", "writev", "access", "pipe", "select", "sched_yield", "mremap", "msync", "mincore", "madvise", "dup", "dup2", "pause", "nanosleep", "getitimer", "alarm", "setitimer", "getpid", "sendfile", "exit", "wait4", "uname", "fcntl", "flock", "fsync", "fdatasync", "truncate", "ftruncate", "getdents", "getcwd", "chdir", "fchdir", "rename", "mkdir", "rmdir", "creat", "link", "unlink", "symlink", "readlink", "chmod", "fchmod", "umask", "gettimeofday", "getrlimit", "getrusage", "sysinfo", "times", "getuid", "getgid", "geteuid", "getegid", "getppid", "getpgrp", "getgroups", "getresuid", "getresgid", "getpgid", "getsid", "capget", "rt_sigpending", "rt_sigtimedwait", "rt_sigsuspend", "sigaltstack", "utime", "statfs", "fstatfs", "getpriority", "sched_getparam", "sched_getscheduler", "sched_get_priority_max", "sched_get_priority_min", "sched_rr_get_interval", "arch_prctl", "setrlimit", "gettid", "getxattr", "lgetxattr", "fgetxattr", "listxattr", "llistxattr", "flistxattr", "time", "futex", "sched_getaffinity", "epoll_create", "getdents64", "set_tid_address", "restart_syscall", "fadvise64", "timer_create", "timer_settime", "timer_gettime", "timer_getoverrun", "timer_delete", "clock_gettime", "clock_getres", "clock_nanosleep", "exit_group", "epoll_wait", "epoll_ctl", "utimes", "waitid", "openat", "mkdirat", "futimesat", "newfstatat", "unlinkat", "renameat", "linkat", "symlinkat", "readlinkat", "fchmodat", "faccessat", "pselect6", "ppoll", "set_robust_list", "get_robust_list", "splice", "tee", "utimensat", "epoll_pwait", "signalfd", "timerfd_create", "eventfd", "fallocate", "timerfd_settime", "timerfd_gettime", "signalfd4", "eventfd2", "epoll_create1", "dup3", "pipe2", "preadv", "pwritev", "getcpu", "renameat2", "getrandom", "memfd_create", "copy_file_range", "preadv2", "pwritev2", "statx", "rseq", "close_range", "faccessat2", "epoll_pwait2", "futex_waitv", "futex_wake", "futex_wait", "futex_requeue"])
+# Named refusals (EPERM, so the model reads "Operation not permitted"); anything else unlisted gets ENOSYS.
+REFUSED = frozenset(["socket", "socketpair", "fork", "vfork", "execve", "ptrace", "syslog", "setsid", "setpgid", "mknod", "mknodat", "mount", "unshare", "tkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "sched_setparam", "sched_setscheduler", "sched_setattr", "open_by_handle_at", "pidfd_open", "pidfd_send_signal", "pidfd_getfd", "open_tree", "fsopen", "mount_setattr"])
+
 _CLONE_THREAD = 0x00010000
 _CLONE_NAMESPACES = 0x7E020000  # NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET
+# ioctl requests for terminals and descriptors that Python asks about (isatty, non-blocking, close-on-exec).
+_IOCTLS = (0x5401, 0x5413, 0x541B, 0x5421, 0x5450, 0x5451)  # TCGETS TIOCGWINSZ FIONREAD FIONBIO FIONCLEX FIOCLEX
+# prctl options that only read, or name the caller: GET_DUMPABLE, GET_KEEPCAPS, SET/GET_NAME, GET_SECCOMP,
+# CAPBSET_READ, GET_TIMERSLACK, GET_NO_NEW_PRIVS, GET_THP_DISABLE, SET_VMA (glibc names its mappings).
+_PRCTLS = (3, 7, 15, 16, 21, 23, 30, 39, 42, 0x53564D41)
+_PERSONALITY_QUERY = 0xFFFFFFFF
 
 _RET_ALLOW = 0x7FFF0000
 _RET_KILL_PROCESS = 0x80000000
-_LD_ABS, _JEQ, _JSET, _JGE, _RET = 0x20, 0x15, 0x45, 0x35, 0x06
+_LD_ABS, _JEQ, _JGT, _JSET, _JGE, _RET = 0x20, 0x15, 0x25, 0x45, 0x35, 0x06
+_NR, _ARCH, _ARG0, _ARG1, _ARG2 = 0, 4, 16, 24, 32  # offsets in struct seccomp_data (low 32 bits, little-endian)
 _PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 38, 22, 2
 
 
@@ -39,6 +84,16 @@ def _errno(code: int) -> int:
 
 def _insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
     return struct.pack("<HBBI", code, jt, jf, k & 0xFFFFFFFF)
+
+
+def _load(offset: int) -> bytes:
+    return _insn(_LD_ABS, offset)
+
+
+def _one_of(values: tuple[int, ...], deny: int) -> list[bytes]:
+    """Allow when the loaded value is one of `values`, else return `deny`."""
+    checks = [_insn(_JEQ, v, len(values) - i, 0) for i, v in enumerate(values)]
+    return [*checks, _insn(_RET, deny), _insn(_RET, _RET_ALLOW)]
 
 
 def supported() -> str | None:
@@ -51,46 +106,45 @@ def supported() -> str | None:
 
 
 def build_filter(self_pid: int, *, allow_fork: bool) -> bytes:
-    """The BPF program. `allow_fork` is for session heads, which snapshot state by forking."""
-    arg0 = 16  # offsetof(struct seccomp_data, args[0]); the low 32 bits on little-endian
+    """The BPF program. `allow_fork` is for session heads, which snapshot state by forking (their cells, whose pids
+    differ, may signal only their own process group); `self_pid` is the pid a single-use child may signal."""
+    eperm, enosys = _errno(errno.EPERM), _errno(errno.ENOSYS)
+    own = self_pid if self_pid > 0 and not allow_fork else 0
+    checked: dict[str, list[bytes]] = {
+        # Threads always; processes only in sessions; never into new namespaces.
+        "clone": [_load(_ARG0), _insn(_JSET, _CLONE_NAMESPACES, 0, 1), _insn(_RET, eperm)]
+        + ([_insn(_RET, _RET_ALLOW)] if allow_fork else [_insn(_JSET, _CLONE_THREAD, 1, 0), _insn(_RET, eperm), _insn(_RET, _RET_ALLOW)]),
+        "kill": [_load(_ARG0), *_one_of((0, own, -own) if own else (0,), eperm)],
+        "tgkill": [_load(_ARG0), *_one_of((own,), eperm)] if own else [_insn(_RET, eperm)],
+        "ioctl": [_load(_ARG1), *_one_of(_IOCTLS, _errno(errno.ENOTTY))],
+        "prctl": [_load(_ARG0), *_one_of(_PRCTLS, eperm)],
+        "personality": [_load(_ARG0), *_one_of((_PERSONALITY_QUERY, 0), eperm)],
+        # PRIO_PROCESS of itself, to a nice value of 0..19 (without capabilities the kernel refuses lower ones too).
+        "setpriority": [_load(_ARG0), _insn(_JEQ, 0, 0, 4), _load(_ARG1), _insn(_JEQ, 0, 0, 2), _load(_ARG2),
+                        _insn(_JGT, 19, 0, 1), _insn(_RET, eperm), _insn(_RET, _RET_ALLOW)],
+        "prlimit64": [_load(_ARG0), *_one_of((0, own) if own else (0,), eperm)],
+    }  # fmt: skip
+    if allow_fork:
+        checked["setpgid"] = [_insn(_RET, _RET_ALLOW)]  # a head puts each cell in its own group
     prog = [
-        _insn(_LD_ABS, 4),
+        _load(_ARCH),
         _insn(_JEQ, _AUDIT_ARCH_X86_64, 1, 0),
-        _insn(_RET, _RET_KILL_PROCESS),
-        _insn(_LD_ABS, 0),
-        _insn(_JGE, 0x40000000, 0, 1),  # the x32 ABI would bypass every number below
-        _insn(_RET, _errno(errno.EPERM)),
+        _insn(_RET, _RET_KILL_PROCESS),  # i386 (int 0x80) and any other entry point
+        _load(_NR),
+        _insn(_JGE, _X32_BIT, 0, 1),
+        _insn(_RET, eperm),  # the x32 ABI would bypass every number below
     ]
-    denied = dict(_DENY_X86_64)
-    if allow_fork:
-        denied.pop("fork")
-        denied.pop("vfork")
-    else:
-        denied.update(setsid=_SETSID, setpgid=_SETPGID)
-    for nr in denied.values():
-        prog += [_insn(_JEQ, nr, 0, 1), _insn(_RET, _errno(errno.EPERM))]
-    prog += [_insn(_JEQ, _CLONE3, 0, 1), _insn(_RET, _errno(errno.ENOSYS))]  # glibc then falls back to clone
-    # clone: threads always; processes only for session heads, and never into new namespaces.
-    if allow_fork:
-        clone = [_insn(_LD_ABS, arg0), _insn(_JSET, _CLONE_NAMESPACES, 1, 0), _insn(_RET, _RET_ALLOW)]
-    else:
-        clone = [_insn(_LD_ABS, arg0), _insn(_JSET, _CLONE_THREAD, 0, 1), _insn(_RET, _RET_ALLOW)]
-    clone.append(_insn(_RET, _errno(errno.EPERM)))
-    prog += [_insn(_JEQ, _CLONE, 0, len(clone)), *clone]
-    # kill: only its own process group (0) or itself; tgkill only within itself.
-    own = self_pid if self_pid > 0 else 0
-    kill = [
-        _insn(_LD_ABS, arg0),
-        _insn(_JEQ, 0, 3, 0),
-        _insn(_JEQ, own, 2, 0),
-        _insn(_JEQ, -own, 1, 0),
-        _insn(_RET, _errno(errno.EPERM)),
-        _insn(_RET, _RET_ALLOW),
-    ]
-    prog += [_insn(_JEQ, _KILL, 0, len(kill)), *kill]
-    tgkill = [_insn(_LD_ABS, arg0), _insn(_JEQ, own, 1, 0), _insn(_RET, _errno(errno.EPERM)), _insn(_RET, _RET_ALLOW)]
-    prog += [_insn(_JEQ, _TGKILL, 0, len(tgkill)), *tgkill]
-    prog.append(_insn(_RET, _RET_ALLOW))
+    for name, block in checked.items():
+        prog += [_insn(_JEQ, SYSCALLS[name], 0, len(block)), *block, _load(_NR)]
+    allowed = sorted(SYSCALLS[name] for name in ALLOWED if name not in checked)
+    refused = sorted(SYSCALLS[name] for name in REFUSED if name not in checked)
+    # clone3 hides its flags behind a pointer: ENOSYS makes glibc fall back to clone, whose flags we can read.
+    prog += [_insn(_JEQ, SYSCALLS["clone3"], 0, 1), _insn(_RET, enosys)]
+    for i, nr in enumerate(allowed):  # jump to the final ALLOW
+        prog.append(_insn(_JEQ, nr, len(allowed) - i + len(refused) + 1, 0))
+    for i, nr in enumerate(refused):  # jump to the final EPERM
+        prog.append(_insn(_JEQ, nr, len(refused) - i, 0))
+    prog += [_insn(_RET, enosys), _insn(_RET, eperm), _insn(_RET, _RET_ALLOW)]
     return b"".join(prog)
 
 

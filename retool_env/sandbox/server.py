@@ -1,84 +1,52 @@
-"""The fork server: a pre-warmed Python that forks one single-use child per call.
+"""The sandbox server: a pre-warmed Python that schedules calls and sessions onto confined children.
 
 Started once by `LocalSandbox` (never forked from the trainer), with an empty environment and, where the machine
-allows, inside bubblewrap. It keeps a few children forked ahead of demand, each already in its own session, working
-directory, rlimits, uid and seccomp filter, blocked on a pipe until its code arrives. The concurrency limit lives
-here and nowhere else. Sessions (per-episode state) are fork snapshots: a head process holds the state, each cell runs
-in a fork of it, and the fork becomes the new head only if the cell succeeded, so a crash or timeout rolls back.
+allows, inside bubblewrap. Right after warming up it forks the zygote (zygote.py), which forks every child, so no
+child is ever a copy of a process that held another call's code or output. The server keeps a few children forked
+ahead of demand, each already confined (confine.py) and blocked on a pipe until its code arrives. The concurrency
+limit lives here and nowhere else. Sessions (per-episode state) are fork snapshots (child.py); between two of its
+calls a session is stopped, and anything but its head that it left running is killed.
 
-Protocol: on a Unix socket, one request per connection, each message a 4-byte big-endian length and JSON.
+Protocol: on a Unix socket, one request per connection (protocol.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import gc
+import itertools
 import json
 import math
 import os
-import resource
-import shutil
 import signal
+import socket
 import struct
 import sys
-import tempfile
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import cell, seccomp
+from . import cell, confine, zygote
+from .protocol import pack, read_frame, recv_message, send_message
 
 PRELOAD = [
     "math", "cmath", "fractions", "decimal", "itertools", "functools", "collections", "statistics", "random", "re",
     "string", "heapq", "bisect", "operator", "copy", "json", "datetime", "time", "typing", "dataclasses", "numbers",
     "array", "textwrap", "pprint", "enum", "sympy", "numpy",
 ]  # fmt: skip
-_PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
+_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE = 1, 4
 _M_ARENA_MAX = -8
-_FRAME = struct.Struct(">I")
-_MB = 1 << 20
-
-
-def pack(obj: Any) -> bytes:
-    data = json.dumps(obj).encode("utf-8")
-    return _FRAME.pack(len(data)) + data
-
-
-def _read_exact(fd: int, n: int) -> bytes | None:
-    chunks, left = [], n
-    while left:
-        chunk = os.read(fd, min(left, 1 << 20))
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
-
-
-def read_frame_blocking(fd: int) -> Any | None:
-    header = _read_exact(fd, _FRAME.size)
-    if header is None:
-        return None
-    body = _read_exact(fd, _FRAME.unpack(header)[0])
-    return None if body is None else json.loads(body)
-
-
-async def read_frame(reader: asyncio.StreamReader) -> Any:
-    (size,) = _FRAME.unpack(await reader.readexactly(_FRAME.size))
-    return json.loads(await reader.readexactly(size))
 
 
 @dataclass
 class Config:
-    """What the client decides; sent to the server as JSON on its command line."""
+    """What the client decides; sent to the server as JSON on its standard input."""
 
     listen_fd: int
     lifeline_fd: int
-    jobs_dir: str
     max_concurrency: int = 2
     prefork: int = 2
     memory_mb: int = 1024
@@ -86,23 +54,32 @@ class Config:
     traceback_lines: int = 12
     file_size_mb: int = 64
     open_files: int = 64
+    tmp_mb: int = 256
+    shm_mb: int = 64
+    processes: int = 1024
     max_sessions: int = 64
     use_seccomp: bool = True
-    scratch_dirs: list[str] = field(default_factory=list)  # emptied of anything a child left behind
-    scratch_keep: list[str] = field(default_factory=list)  # host paths bound inside a scratch dir: never swept
-    drop_to_uid: int | None = None
+    use_userns: bool = True
+    uid_per_call: bool = True
+    cgroup: dict[str, Any] | None = None
+    hidden_paths: list[str] = field(default_factory=list)  # host paths under /tmp that children must still see
     preload: list[str] = field(default_factory=lambda: list(PRELOAD))
+
+    def zygote_config(self) -> zygote.ZygoteConfig:
+        fields = zygote.ZygoteConfig.__dataclass_fields__
+        return zygote.ZygoteConfig(**{k: v for k, v in asdict(self).items() if k in fields})
 
 
 @dataclass
 class Child:
-    """A process forked from the server, with its output page, code pipe and private directory."""
+    """A confined process, its code pipe and output buffer; `sid` names every process it starts."""
 
+    cid: int
     pid: int
     code_fd: int
     buffer: cell.OutputBuffer
-    workdir: str
-    exited: asyncio.Future[tuple[int, Any]]
+    exited: asyncio.Future[tuple[int, float, bool]]  # (wait status, CPU seconds, killed for memory)
+    sid: int  # the session it leads: kept when a cell takes over as head
     status_fd: int = -1  # session heads report each cell on it
 
 
@@ -114,8 +91,8 @@ class Session:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
+def _libc() -> Any:
+    return confine.libc()
 
 
 def warm_up(preload: list[str]) -> None:
@@ -145,273 +122,128 @@ def warm_up(preload: list[str]) -> None:
     gc.freeze()
 
 
-def _address_space() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[0]) * resource.getpagesize()
-
-
 class Server:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, zygote_sock: socket.socket, zygote_pid: int) -> None:
         self.config = config
+        self.zygote = zygote_sock
+        self.zygote_pid = zygote_pid
         self.semaphore = asyncio.Semaphore(config.max_concurrency)
         self.pool: list[Child] = []
-        self.waiters: dict[int, asyncio.Future[tuple[int, Any]]] = {}
+        self.forking: dict[int, asyncio.Future[tuple[int, asyncio.Future[Any]]]] = {}
+        self.waiters: dict[int, asyncio.Future[tuple[int, float, bool]]] = {}
         self.sessions: OrderedDict[str, Session] = OrderedDict()
         self.running: dict[int, Child] = {}
+        self.cids = itertools.count(1)
         self.stopped = asyncio.Event()
         self.refilling = False
-        self.pid = os.getpid()
+        self.layers: dict[str, Any] = {}
 
-    # -- children ------------------------------------------------------------------------------------------------
+    # -- the zygote ----------------------------------------------------------------------------------------------
 
-    def _fork(self, *, session: bool) -> Child:
-        """Fork a child that prepares its sandbox, then waits for work (a cell, or a session's commands)."""
+    def _on_zygote(self) -> None:
+        try:
+            message, fds = recv_message(self.zygote)
+        except OSError:
+            message, fds = None, []
+        for fd in fds:
+            os.close(fd)
+        if message is None:  # the zygote died: nothing can run any more
+            self.stopped.set()
+            return
         loop = asyncio.get_running_loop()
+        if message["op"] == "forked":
+            exited = self.waiters[message["pid"]] = loop.create_future()  # before its exit can be reported
+            waiter = self.forking.pop(message["cid"], None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result((message["pid"], exited))
+        elif message["op"] == "exit":
+            waiter = self.waiters.pop(message["pid"], None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result((message["status"], message["cpu"], message["oom"]))
+
+    async def _fork(self, *, session: bool) -> Child:
+        """Have the zygote fork a confined child with a private code pipe and output buffer (and status pipe)."""
+        cid = next(self.cids)
         buffer = cell.OutputBuffer(self.config.max_output_bytes)
-        workdir = tempfile.mkdtemp(dir=self.config.jobs_dir)
-        if self.config.drop_to_uid is not None:
-            os.chown(workdir, self.config.drop_to_uid, self.config.drop_to_uid)
         code_r, code_w = os.pipe()
         status_r, status_w = os.pipe() if session else (-1, -1)
-        pid = os.fork()
-        if pid == 0:  # the child: never returns
-            try:
-                os.close(code_w)
-                if status_r >= 0:
-                    os.close(status_r)
-                self._prepare_child(workdir, keep=(code_r, status_w), session=session)
-                if session:
-                    self._session_head_main(code_r, status_w, buffer)
-                else:
-                    self._child_main(code_r, buffer)
-            finally:
-                os._exit(70)
-        os.close(code_r)
-        if status_w >= 0:
-            os.close(status_w)
+        forked = self.forking[cid] = asyncio.get_running_loop().create_future()
+        try:
+            send_message(self.zygote, {"op": "fork", "cid": cid, "session": session},
+                         [code_r, buffer.fd] + ([status_w] if session else []))
+        finally:
+            os.close(code_r)
+            buffer.release_fd()
+            if status_w >= 0:
+                os.close(status_w)
+        pid, exited = await forked
         os.set_blocking(code_w, False)
-        exited: asyncio.Future[tuple[int, Any]] = loop.create_future()
-        self.waiters[pid] = exited
-        return Child(pid, code_w, buffer, workdir, exited, status_r)
-
-    def _prepare_child(self, workdir: str, keep: tuple[int, int], *, session: bool) -> None:
-        """Everything a child does before it sees code: off the critical path."""
-        cfg = self.config
-        os.setsid()
-        _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != self.pid:
-            os._exit(0)
-        signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the file-size limit, writes fail with EFBIG instead
-        devnull = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(devnull, fd)
-        low, high = sorted(fd for fd in keep if fd >= 0) if keep[1] >= 0 else (keep[0], keep[0])
-        os.closerange(3, low)
-        os.closerange(low + 1, high)
-        os.closerange(high + 1, 1 << 16)
-        os.chdir(workdir)
-        limit_as = _address_space() + cfg.memory_mb * _MB
-        resource.setrlimit(resource.RLIMIT_AS, (limit_as, limit_as))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (cfg.file_size_mb * _MB, cfg.file_size_mb * _MB))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (cfg.open_files, cfg.open_files))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        resource.setrlimit(resource.RLIMIT_NPROC, (4096, 4096))  # per uid; ignored for root
-        if cfg.drop_to_uid is not None:
-            uid = cfg.drop_to_uid
-            os.setgroups([])
-            os.setresgid(uid, uid, uid)
-            os.setresuid(uid, uid, uid)
-        os.environ.clear()
-        os.environ.update({"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"})
-        if cfg.use_seccomp:
-            # A session's cells are forks with other pids, so they may signal only their own group.
-            seccomp.install(seccomp.build_filter(0 if session else os.getpid(), allow_fork=session))
-
-    @staticmethod
-    def _apply_request_limits(request: dict[str, Any], base_memory_mb: int) -> None:
-        cpu = math.ceil(request["timeout"]) + 1
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-        memory_mb = request.get("memory_mb")
-        if memory_mb and 0 < memory_mb < base_memory_mb:
-            soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-            lower = hard - (base_memory_mb - memory_mb) * _MB
-            resource.setrlimit(resource.RLIMIT_AS, (lower, lower))
-
-    def _execute(self, request: dict[str, Any], buffer: cell.OutputBuffer, namespace: dict[str, Any]) -> int:
-        import io
-
-        self._apply_request_limits(request, self.config.memory_mb)
-        sys.stdin = io.StringIO(request.get("stdin") or "")
-        cell.capture(buffer)
-        status, code = cell.run_cell(
-            request["code"], namespace, echo=request.get("echo", True), traceback_lines=self.config.traceback_lines
-        )
-        buffer.set_status(status)
-        return code
-
-    def _child_main(self, code_fd: int, buffer: cell.OutputBuffer) -> None:
-        request = read_frame_blocking(code_fd)
-        if request is None:
-            os._exit(0)
-        os.close(code_fd)
-        os._exit(self._execute(request, buffer, {"__name__": "__main__", "__builtins__": __builtins__}))
-
-    def _session_head_main(self, command_fd: int, status_fd: int, buffer: cell.OutputBuffer) -> None:
-        """Hold an episode's state; run each cell in a fork that replaces this process only if the cell succeeds."""
-        namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
-        fork, write, waitpid = os.fork, os.write, os.waitpid  # user code may rebind the os module's names
-        while True:
-            self._die_with_server()
-            request = read_frame_blocking(command_fd)
-            if request is None:
-                os._exit(0)
-            takeover_r, takeover_w = os.pipe()
-            pid = fork()
-            if pid == 0:
-                os.close(takeover_r)
-                os.setpgid(0, 0)  # its own group, so a timeout kills the cell and not the head
-                code = self._execute(request, buffer, namespace)
-                if buffer.status() != cell.STATUS_OK:
-                    os._exit(code)
-                write(takeover_w, b"T")
-                os.close(takeover_w)
-                continue  # this fork is the new head, with the cell's state
-            os.close(takeover_w)
-            with contextlib.suppress(OSError):
-                os.setpgid(pid, pid)  # also here, so the group exists before the server may need to kill it
-            write(status_fd, f"C {pid}\n".encode())
-            took_over = os.read(takeover_r, 1) == b"T"
-            os.close(takeover_r)
-            if took_over:
-                write(status_fd, b"T\n")
-                os._exit(0)
-            _, wait_status = waitpid(pid, 0)
-            write(status_fd, f"X {wait_status}\n".encode())
-
-    def _die_with_server(self) -> None:
-        """A cell that took over as head outlives its parent; re-arm the death signal once the server adopts it."""
-        for _ in range(1000):
-            if os.getppid() == self.pid:
-                _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-                if os.getppid() == self.pid:
-                    return
-            time.sleep(0.001)
-        os._exit(0)
-
-    def _reap(self) -> None:
-        """SIGCHLD: collect every exited child; hand the status to whoever waits for it."""
-        while True:
-            try:
-                pid, status, usage = os.wait4(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            waiter = self.waiters.pop(pid, None)
-            if waiter is not None and not waiter.done():
-                waiter.set_result((status, usage))
-
-    def _known_pids(self) -> set[int]:
-        pids = set(self.waiters) | {c.pid for c in self.pool} | set(self.running)
-        return pids | {s.head.pid for s in self.sessions.values()}
-
-    def _kill_strays(self) -> None:
-        """Kill processes that escaped their group and were re-parented to this (sub-reaper) server."""
-        known = self._known_pids()
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) in known:
-                continue
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            if ppid == self.pid:
-                with contextlib.suppress(OSError):
-                    os.killpg(int(entry), signal.SIGKILL)
-                with contextlib.suppress(OSError):
-                    os.kill(int(entry), signal.SIGKILL)
-
-    def _sweep_scratch(self) -> None:
-        """Remove files children wrote next to their own directory (they share a uid, so they can)."""
-        known = {c.workdir for c in self.pool} | {c.workdir for c in self.running.values()}
-        known |= {s.head.workdir for s in self.sessions.values()} | {self.config.jobs_dir}
-        for directory in [self.config.jobs_dir, *self.config.scratch_dirs]:
-            with contextlib.suppress(OSError):
-                for entry in os.scandir(directory):
-                    if entry.path in known or any(k == entry.path or k.startswith(entry.path + "/")
-                                                  for k in self.config.scratch_keep):
-                        continue
-                    if entry.is_dir(follow_symlinks=False):
-                        shutil.rmtree(entry.path, ignore_errors=True)
-                    else:
-                        with contextlib.suppress(OSError):
-                            os.unlink(entry.path)
+        return Child(cid, pid, code_w, buffer, exited, sid=pid, status_fd=status_r)
 
     def _discard(self, child: Child) -> None:
-        """Kill a child's group and free its pipe, page and directory. Idempotent: fd numbers get reused."""
+        """Kill a child's group, free its pipes and buffer, and have the zygote clean up after it. Idempotent."""
         with contextlib.suppress(OSError):
             os.killpg(child.pid, signal.SIGKILL)
         for fd in (child.code_fd, child.status_fd):
             if fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)
+        if child.code_fd >= 0 or child.status_fd >= 0:
+            with contextlib.suppress(OSError):
+                send_message(self.zygote, {"op": "release", "cid": child.cid})
         child.code_fd = child.status_fd = -1
-        shutil.rmtree(child.workdir, ignore_errors=True)
         child.buffer.close()
 
-    def _refill(self) -> None:
-        """Fork one pool child per loop turn, so queued work interleaves with the forks."""
-        for dead in [c for c in self.pool if c.exited.done()]:
-            self.pool.remove(dead)
-            self._discard(dead)
-        if len(self.pool) >= self.config.prefork or self.stopped.is_set():
+    async def _refill(self) -> None:
+        try:
+            while len(self.pool) < self.config.prefork and not self.stopped.is_set():
+                self.pool.append(await self._fork(session=False))
+        finally:
             self.refilling = False
-            return
-        self.pool.append(self._fork(session=False))
-        asyncio.get_running_loop().call_soon(self._refill)
 
     def _schedule_refill(self) -> None:
-        if not self.refilling:
+        if not self.refilling and not self.stopped.is_set():
             self.refilling = True
-            asyncio.get_running_loop().call_soon(self._refill)
+            asyncio.get_running_loop().create_task(self._refill())
 
-    def _take(self) -> Child:
+    async def _take(self) -> Child:
         while self.pool:
             child = self.pool.pop(0)
             if not child.exited.done():
                 return child
             self._discard(child)
-        return self._fork(session=False)
+        return await self._fork(session=False)
 
     # -- results -------------------------------------------------------------------------------------------------
 
-    def _result(self, child: Child, wait_status: int, usage: Any, request: dict[str, Any], duration: float, timed_out: bool) -> dict[str, Any]:
+    def _result(self, child: Child, exit_info: tuple[int, float, bool], request: dict[str, Any], duration: float,
+                timed_out: bool) -> dict[str, Any]:
+        wait_status, cpu, oom = exit_info
         stdout, stdout_truncated = child.buffer.read(0)
         stderr, stderr_truncated = child.buffer.read(1)
         state = child.buffer.status()
         timeout = request["timeout"]
         exit_code: int | None = None
         note = ""
+        memory = request.get("memory_mb") or self.config.memory_mb
         if os.WIFEXITED(wait_status):
             exit_code = os.WEXITSTATUS(wait_status)
-        cpu = (usage.ru_utime + usage.ru_stime) if usage is not None else 0.0
         if timed_out:
             status, note = "timeout", f"TimeoutError: execution exceeded the {timeout:g} s time limit"
         elif os.WIFSIGNALED(wait_status):
             sig = os.WTERMSIG(wait_status)
             if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu >= math.ceil(timeout)):
                 status, note = "timeout", f"TimeoutError: execution exceeded the {math.ceil(timeout) + 1} s CPU time limit"
+            elif sig == signal.SIGKILL and oom:
+                status, note = "memory", f"MemoryError: execution exceeded the {memory} MB memory limit (files in /tmp count)"
             else:
                 status, note = "killed", f"Killed: the process was terminated by signal {signal.Signals(sig).name}"
         elif state == cell.STATUS_MEMORY:
-            memory = request.get("memory_mb") or self.config.memory_mb
             status, note = "memory", f"MemoryError: execution exceeded the {memory} MB memory limit"
         elif exit_code == 0:
             status = "ok"
+        elif exit_code in (70, 71) and state == cell.STATUS_UNSET:
+            status, note = "sandbox_error", "SandboxError: the sandbox could not confine the call; the code did not run"
         else:
             status = "error"
             if not stderr.strip():
@@ -440,34 +272,31 @@ class Server:
 
     async def run_stateless(self, request: dict[str, Any]) -> dict[str, Any]:
         async with self.semaphore:
-            child = self._take()
+            child = await self._take()
             self.running[child.pid] = child
             start = time.perf_counter()
             timed_out = False
             try:
                 try:
                     await self._send(child.code_fd, request)
-                    wait_status, usage = await asyncio.wait_for(asyncio.shield(child.exited), request["timeout"])
+                    exit_info = await asyncio.wait_for(asyncio.shield(child.exited), request["timeout"])
                 except (asyncio.TimeoutError, BrokenPipeError):
                     timed_out = not child.exited.done()
                     with contextlib.suppress(OSError):
                         os.killpg(child.pid, signal.SIGKILL)
-                    wait_status, usage = await child.exited
+                    exit_info = await child.exited
                 duration = time.perf_counter() - start
-                return self._result(child, wait_status, usage, request, duration, timed_out)
+                return self._result(child, exit_info, request, duration, timed_out)
             finally:
                 self.running.pop(child.pid, None)
                 self._discard(child)
-                self._sweep_scratch()
                 self._schedule_refill()  # after the result: the fork then competes with no one on a busy core
-                if not self.config.use_seccomp:
-                    self._kill_strays()
 
     async def _open_session(self, name: str) -> Session:
         while len(self.sessions) >= self.config.max_sessions:  # close the least recently used, idle if possible
             idle = [key for key, s in self.sessions.items() if not s.lock.locked()]
             self._close(self.sessions.pop(idle[0] if idle else next(iter(self.sessions))))
-        head = self._fork(session=True)
+        head = await self._fork(session=True)
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader()
         pipe = os.fdopen(head.status_fd, "rb", 0)
@@ -477,22 +306,26 @@ class Server:
         self.sessions[name] = session
         return session
 
-    @staticmethod
-    def _is_cell(pid: int, parents: tuple[int, ...]) -> bool:
-        """The session pipe is writable by cell code, so check a reported pid before signalling it."""
+    def _is_cell(self, pid: int, head: Child) -> bool:
+        """The status pipe is writable by cell code, so check a reported pid before trusting or signalling it."""
         try:
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             return False
-        return int(fields[1]) in parents and int(fields[2]) == pid  # its parent is ours, and it leads its own group
+        parent, group, sid = int(fields[1]), int(fields[2]), int(fields[3])
+        return parent in (head.pid, self.zygote_pid) and group == pid and sid == head.sid
 
     def _close(self, session: Session) -> None:
-        with contextlib.suppress(OSError):
-            os.killpg(session.head.pid, signal.SIGKILL)
         session.transport.close()
+        confine.kill_session(session.head.sid)
         self._discard(session.head)
-        self._kill_strays()
+
+    def _pause(self, session: Session) -> None:
+        """Between calls nothing of a session runs: its strays are killed and its head stopped."""
+        confine.kill_session(session.head.sid, keep=session.head.pid)
+        with contextlib.suppress(OSError):
+            os.kill(session.head.pid, signal.SIGSTOP)
 
     async def run_session(self, name: str, request: dict[str, Any]) -> dict[str, Any]:
         session = self.sessions.get(name) or await self._open_session(name)
@@ -504,12 +337,15 @@ class Server:
             deadline = start + request["timeout"]
             timed_out = False
             problem = ""
+            cell_pid = -1
             try:
+                with contextlib.suppress(OSError):
+                    os.kill(head.pid, signal.SIGCONT)
                 await self._send(head.code_fd, request)
                 line = await asyncio.wait_for(session.status.readline(), max(0.0, deadline - time.perf_counter()) + 5)
                 cell_pid = int(line.split()[1])
-                # A quick cell may already have taken over, its head gone and this server its parent.
-                if not line.startswith(b"C ") or not self._is_cell(cell_pid, (head.pid, self.pid)):
+                # A quick cell may already have taken over, its head gone and the zygote its parent.
+                if not line.startswith(b"C ") or not self._is_cell(cell_pid, head):
                     raise ValueError(f"unexpected report from the session head: {line!r}")
                 try:
                     line = await asyncio.wait_for(session.status.readline(), max(0.0, deadline - time.perf_counter()))
@@ -522,13 +358,14 @@ class Server:
                 problem = f" ({type(exc).__name__}: {exc})"
                 line = b""
             duration = time.perf_counter() - start
-            if line == b"T\n" and self._is_cell(cell_pid, (head.pid, self.pid)):
-                self.waiters[cell_pid] = asyncio.get_running_loop().create_future()  # the new head
-                session.head = Child(cell_pid, head.code_fd, head.buffer, head.workdir, self.waiters[cell_pid])
-                return self._result(session.head, 0, None, request, duration, False)
+            if line == b"T\n" and self._is_cell(cell_pid, head):
+                exited = self.waiters[cell_pid] = asyncio.get_running_loop().create_future()  # the new head
+                session.head = Child(head.cid, cell_pid, head.code_fd, head.buffer, exited, sid=head.sid)
+                self._pause(session)
+                return self._result(session.head, (0, 0.0, False), request, duration, False)
             if line.startswith(b"X "):
-                result = self._result(head, int(line.split()[1]), None, request, duration, timed_out)
-                self._kill_strays()
+                result = self._result(head, (int(line.split()[1]), 0.0, False), request, duration, timed_out)
+                self._pause(session)
                 return result
             if self.sessions.get(name) is session:
                 del self.sessions[name]
@@ -547,20 +384,16 @@ class Server:
 
     def info(self) -> dict[str, Any]:
         return {
-            "pid": self.pid,
+            "pid": os.getpid(),
             "pool": len(self.pool),
             "sessions": len(self.sessions),
             "running": len(self.running),
-            "jobs": len(os.listdir(self.config.jobs_dir)),
-            "seccomp": self.config.use_seccomp,
-            "uid": self.config.drop_to_uid,
+            "layers": self.layers,
         }
 
     @staticmethod
     def _peer_is_us(writer: asyncio.StreamWriter) -> bool:
         """Abstract socket addresses have no file permissions, so only our own uid may submit work."""
-        import socket
-
         sock = writer.get_extra_info("socket")
         creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         return struct.unpack("3i", creds)[1] == os.getuid()
@@ -605,13 +438,12 @@ class Server:
             self._discard(child)
         for session in self.sessions.values():
             self._close(session)
-        self._kill_strays()
-        shutil.rmtree(self.config.jobs_dir, ignore_errors=True)
+        self.zygote.close()  # the zygote then kills what is left and exits
 
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGCHLD, self._reap)
         loop.add_signal_handler(signal.SIGTERM, self.stopped.set)
+        loop.add_signal_handler(signal.SIGCHLD, lambda: None)
 
         def lifeline() -> None:  # the client holds the other end; EOF means it is gone
             with contextlib.suppress(OSError):
@@ -620,12 +452,15 @@ class Server:
             self.stopped.set()
 
         loop.add_reader(self.config.lifeline_fd, lifeline)
-        import socket
-
+        message, _ = recv_message(self.zygote)  # which layers the zygote could apply, measured in a child
+        if message is None:
+            raise RuntimeError("the zygote died while probing isolation layers")
+        self.layers = {"missing": message["missing"], "child": message["child"]}
+        loop.add_reader(self.zygote.fileno(), self._on_zygote)
         listener = socket.socket(fileno=self.config.listen_fd)
         server = await asyncio.start_unix_server(self.handle, sock=listener, backlog=1024)
         self._schedule_refill()
-        print("ready", flush=True)
+        print("ready " + json.dumps(self.layers), flush=True)
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
         try:
@@ -635,10 +470,17 @@ class Server:
             self.shutdown()
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Entry point: `python -c ... server.main()` with the JSON config as the only argument."""
-    config = Config(**json.loads((argv or sys.argv)[1]))
-    _libc().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    os.makedirs(config.jobs_dir, exist_ok=True)
+def main() -> None:
+    """Entry point: `python -c ... server.main()`, the JSON config on standard input (not on the command line,
+    which any process may read)."""
+    config = Config(**json.loads(sys.stdin.readline()))
+    libc = _libc()
+    libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
     warm_up(config.preload)
-    asyncio.run(Server(config).serve())
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()  # before any request: the zygote's memory holds no code and no output, ever
+    if pid == 0:
+        ours.close()
+        zygote.run(theirs, config.zygote_config(), close=[config.listen_fd, config.lifeline_fd, 0])
+    theirs.close()
+    asyncio.run(Server(config, ours, pid).serve())

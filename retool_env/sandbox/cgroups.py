@@ -1,0 +1,166 @@
+"""Control groups for sandbox calls: memory (tmpfs included), process count and CPU, for everything a call starts.
+
+The trainer side (`Delegation.create`, as root) makes one parent group per sandbox server in each controller,
+cgroup v1 (memory, pids, cpu) or v2 (one directory with those controllers enabled below it), and binds them into
+the server's namespace; the server makes one child group per call or session under it and removes it afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from dataclasses import dataclass
+
+ROOT = "/sys/fs/cgroup"
+V1_CONTROLLERS = ("memory", "pids", "cpu")
+_CPU_PERIOD_US = 100_000
+
+
+def _own_group(controller: str) -> str | None:
+    """This process's group in a v1 controller ("" for v2's unified line), from /proc/self/cgroup."""
+    with contextlib.suppress(OSError), open("/proc/self/cgroup") as f:
+        for line in f:
+            _, names, path = line.rstrip("\n").split(":", 2)
+            if controller in names.split(",") or (controller == "" and names == ""):
+                return path
+    return None
+
+
+def _write(path: str, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def _mkdir_writable(path: str) -> str | None:
+    try:
+        os.mkdir(path)
+    except OSError as exc:
+        return f"cannot create {path}: {exc.strerror}"
+    return None
+
+
+@dataclass(frozen=True)
+class Delegation:
+    """The parent directories a server may create call groups in: one per v1 controller, or one v2 directory."""
+
+    version: int
+    parents: tuple[str, ...]
+
+    @classmethod
+    def create(cls) -> tuple[Delegation | None, str]:
+        """Make a fresh parent group for one server; (None, why) where this machine or user cannot."""
+        name = f"retool-sandbox-{os.getpid()}-{secrets.token_hex(4)}"
+        if os.path.exists(os.path.join(ROOT, "cgroup.controllers")):  # pure v2
+            own = _own_group("")
+            if own is None:
+                return None, "no cgroup v2 membership in /proc/self/cgroup"
+            base = os.path.join(ROOT, own.lstrip("/"))
+            parent = os.path.join(base, name)
+            problem = _mkdir_writable(parent)
+            if problem:
+                return None, problem
+            try:
+                with open(os.path.join(base, "cgroup.subtree_control")) as f:
+                    enabled = f.read().split()
+                missing = [c for c in V1_CONTROLLERS if c not in enabled]
+                if missing:
+                    return cls._fail(parent, f"controllers {missing} not enabled in {base}")
+                _write(os.path.join(parent, "cgroup.subtree_control"), " ".join(f"+{c}" for c in V1_CONTROLLERS))
+            except OSError as exc:
+                return cls._fail(parent, f"cannot delegate controllers: {exc.strerror}")
+            return cls(2, (parent,)), "cgroup v2"
+        parents = []
+        for controller in V1_CONTROLLERS:
+            own = _own_group(controller)
+            mount = os.path.join(ROOT, controller)
+            if own is None or not os.path.isdir(mount):
+                cls(1, tuple(parents)).remove()
+                return None, f"no cgroup v1 {controller} controller mounted"
+            parent = os.path.join(mount, own.lstrip("/"), name)
+            problem = _mkdir_writable(parent)
+            if problem:
+                cls(1, tuple(parents)).remove()
+                return None, problem
+            parents.append(parent)
+        return cls(1, tuple(parents)), "cgroup v1 (" + ", ".join(V1_CONTROLLERS) + ")"
+
+    @staticmethod
+    def _fail(parent: str, why: str) -> tuple[None, str]:
+        with contextlib.suppress(OSError):
+            os.rmdir(parent)
+        return None, why
+
+    def group(self, name: str) -> CallGroup:
+        return CallGroup(self.version, tuple(os.path.join(p, name) for p in self.parents))
+
+    def remove(self) -> None:
+        """Remove what is left of the call groups, then the parents (all must be empty of processes)."""
+        for parent in self.parents:
+            with contextlib.suppress(OSError):
+                for entry in os.scandir(parent):
+                    if entry.is_dir(follow_symlinks=False):
+                        with contextlib.suppress(OSError):
+                            os.rmdir(entry.path)
+            with contextlib.suppress(OSError):
+                os.rmdir(parent)
+
+
+@dataclass(frozen=True)
+class CallGroup:
+    """One call's (or session's) group: its directories, one per controller (v1) or one (v2)."""
+
+    version: int
+    dirs: tuple[str, ...]
+
+    def create(self, *, memory_mb: int, pids: int, cpus: float) -> None:
+        for d in self.dirs:
+            os.mkdir(d)
+        period = _CPU_PERIOD_US
+        if self.version == 2:
+            (d,) = self.dirs
+            _write(f"{d}/memory.max", str(memory_mb << 20))
+            with contextlib.suppress(OSError):
+                _write(f"{d}/memory.swap.max", "0")
+            _write(f"{d}/pids.max", str(pids))
+            _write(f"{d}/cpu.max", f"{int(cpus * period)} {period}")
+            return
+        memory, pid_dir, cpu = self.dirs
+        _write(f"{memory}/memory.limit_in_bytes", str(memory_mb << 20))
+        _write(f"{pid_dir}/pids.max", str(pids))
+        _write(f"{cpu}/cpu.cfs_period_us", str(period))
+        _write(f"{cpu}/cpu.cfs_quota_us", str(int(cpus * period)))
+
+    def join(self) -> None:
+        """Move the calling process in (before it gives up the right to)."""
+        for d in self.dirs:
+            _write(f"{d}/cgroup.procs", "0")
+
+    def pids(self) -> list[int]:
+        try:
+            with open(f"{self.dirs[0]}/cgroup.procs") as f:
+                return [int(line) for line in f if line.strip()]
+        except OSError:
+            return []
+
+    def oom_killed(self) -> bool:
+        """Whether the kernel killed something here for memory."""
+        name = "memory.events" if self.version == 2 else "memory.oom_control"
+        with contextlib.suppress(OSError, ValueError), open(f"{self.dirs[0]}/{name}") as f:
+            for line in f:
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value) > 0
+        return False
+
+    def remove(self) -> bool:
+        """Remove the group; False while processes are still leaving it."""
+        done = True
+        for d in self.dirs:
+            try:
+                os.rmdir(d)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                done = False
+        return done

@@ -1,0 +1,106 @@
+"""Inside a confined child: wait for code, run it, report through the output buffer, exit.
+
+A single-use child runs one request. A session head holds an episode's state and runs each cell in a fork of itself;
+the fork becomes the new head only if the cell succeeded, so a crash or a timeout rolls the state back. A session is
+as trusted as its code: everything a head says is checked by the server, and concerns only its own episode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import io
+import math
+import os
+import resource
+import signal
+import sys
+import time
+from typing import Any
+
+from . import cell
+from .protocol import read_frame_blocking
+
+_PR_SET_PDEATHSIG = 1
+_MB = 1 << 20
+
+
+def _apply_request_limits(request: dict[str, Any], base_memory_mb: int) -> None:
+    cpu = math.ceil(request["timeout"]) + 1
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    memory_mb = request.get("memory_mb")
+    if memory_mb and 0 < memory_mb < base_memory_mb:
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        lower = hard - (base_memory_mb - memory_mb) * _MB
+        resource.setrlimit(resource.RLIMIT_AS, (lower, lower))
+
+
+def execute(request: dict[str, Any], buffer: cell.OutputBuffer, namespace: dict[str, Any], *, memory_mb: int,
+            traceback_lines: int) -> int:
+    """Run one request's code in `namespace`; the exit code the process should end with."""
+    _apply_request_limits(request, memory_mb)
+    sys.stdin = io.StringIO(request.get("stdin") or "")
+    cell.capture(buffer)
+    status, code = cell.run_cell(
+        request["code"], namespace, echo=request.get("echo", True), traceback_lines=traceback_lines
+    )
+    buffer.set_status(status)
+    return code
+
+
+def _fresh_namespace() -> dict[str, Any]:
+    return {"__name__": "__main__", "__builtins__": __builtins__}
+
+
+def single_use_main(code_fd: int, buffer: cell.OutputBuffer, **limits: Any) -> None:
+    request = read_frame_blocking(code_fd)
+    if request is None:
+        os._exit(0)
+    os.close(code_fd)
+    os._exit(execute(request, buffer, _fresh_namespace(), **limits))
+
+
+def _die_with(parent: int) -> None:
+    """A cell that took over as head outlives its parent; re-arm the death signal once the zygote adopts it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    for _ in range(1000):
+        if os.getppid() == parent:
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() == parent:
+                return
+        time.sleep(0.001)
+    os._exit(0)
+
+
+def session_head_main(command_fd: int, status_fd: int, buffer: cell.OutputBuffer, zygote: int,
+                      **limits: Any) -> None:
+    """Hold an episode's state; report each cell on the status pipe: `C <pid>`, then `T` (took over) or `X <status>`."""
+    namespace = _fresh_namespace()
+    fork, write, read, waitpid = os.fork, os.write, os.read, os.waitpid  # user code may rebind the os module's names
+    while True:
+        _die_with(zygote)
+        request = read_frame_blocking(command_fd)
+        if request is None:
+            os._exit(0)
+        takeover_r, takeover_w = os.pipe()
+        pid = fork()
+        if pid == 0:
+            os.close(takeover_r)
+            os.setpgid(0, 0)  # its own group, so a timeout kills the cell and not the head
+            code = execute(request, buffer, namespace, **limits)
+            if buffer.status() != cell.STATUS_OK:
+                os._exit(code)
+            write(takeover_w, b"T")
+            os.close(takeover_w)
+            continue  # this fork is the new head, with the cell's state
+        os.close(takeover_w)
+        with contextlib.suppress(OSError):
+            os.setpgid(pid, pid)  # also here, so the group exists before the server may need to kill it
+        write(status_fd, f"C {pid}\n".encode())
+        took_over = read(takeover_r, 1) == b"T"
+        os.close(takeover_r)
+        if took_over:
+            write(status_fd, b"T\n")
+            os._exit(0)
+        _, wait_status = waitpid(pid, 0)
+        write(status_fd, f"X {wait_status}\n".encode())

@@ -1,0 +1,223 @@
+"""What a sandbox child does to itself after the fork and before it sees code, in this order:
+
+1. its own session (so everything it starts can be found and killed by session id) and its cgroup;
+2. every descriptor closed except its own;
+3. an unprivileged uid of its own (when the server is root), never the server's;
+4. a user namespace and a mount namespace of its own: every inherited mount is locked (a later umount or remount
+   cannot reveal or unlock it), and fresh, size-bounded tmpfs mounts at /tmp and /dev/shm, gone with the call;
+5. rlimits, a scrubbed environment, every capability dropped (effective, permitted, inheritable, ambient,
+   bounding), not dumpable (no ptrace, no /proc/<pid>/mem), no_new_privs and the seccomp allowlist.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import resource
+import signal
+from dataclasses import dataclass
+
+from . import seccomp
+from .cgroups import CallGroup
+
+_CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWUSER = 0x00020000, 0x08000000, 0x10000000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC = 0x1, 0x2, 0x4, 0x20, 0x1000, 0x4000
+_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_CAP_AMBIENT = 1, 4, 24, 47
+_PR_CAP_AMBIENT_CLEAR_ALL = 4
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+_MB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Layers:
+    """Which layers the server applies to every child; decided once at start (see `isolation.probe_layers`)."""
+
+    userns: bool = True
+    uid: int | None = None  # None: keep the server's uid (an unprivileged server cannot give each call its own)
+    seccomp: bool = True
+    cgroup: CallGroup | None = None
+
+
+@dataclass(frozen=True)
+class Limits:
+    memory_mb: int
+    file_size_mb: int
+    open_files: int
+    tmp_mb: int
+    shm_mb: int
+    processes: int
+
+
+def libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def address_space() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[0]) * resource.getpagesize()
+
+
+def _close_all_but(keep: tuple[int, ...]) -> None:
+    low = 3
+    for fd in sorted(fd for fd in keep if fd >= 3):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 1 << 16)
+
+
+def _enter_namespaces(uid: int, gid: int) -> None:
+    """A user namespace mapping this uid to itself (no other), with private mounts and System V IPC."""
+    lib = libc()
+    _check(lib.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0), "PR_SET_DUMPABLE")  # so we may write our own maps
+    _check(lib.unshare(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWIPC), "unshare")
+    for name, text in (("uid_map", f"{uid} {uid} 1"), ("setgroups", "deny"), ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+
+
+def _mount_tmpfs(path: str, size_mb: int) -> None:
+    opts = f"size={size_mb}m,mode=0700".encode()
+    _check(libc().mount(b"tmpfs", path.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, opts), f"mount {path}")
+
+
+def _bind_back(fd: int, path: str) -> None:
+    """Make `path` (hidden by a tmpfs above it) visible again, read-only, from a descriptor opened before."""
+    os.makedirs(path, exist_ok=True)
+    lib = libc()
+    _check(lib.mount(f"/proc/self/fd/{fd}".encode(), path.encode(), None, _MS_BIND | _MS_REC, None), f"bind {path}")
+    flags = _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV
+    _check(lib.mount(None, path.encode(), None, flags, None), f"remount {path} read-only")
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def _drop_bounding_and_ambient() -> None:
+    """Empty the bounding and ambient sets (this needs CAP_SETPCAP, so it comes before giving up the others)."""
+    lib = libc()
+    with open("/proc/sys/kernel/cap_last_cap") as f:
+        last = int(f.read())
+    for cap in range(last + 1):
+        _check(lib.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0), f"PR_CAPBSET_DROP {cap}")
+    lib.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)  # EINVAL on kernels without ambient caps
+
+
+def _clear_capabilities() -> None:
+    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    _check(libc().capset(ctypes.byref(header), (_CapData * 2)()), "capset")
+
+
+def prepare(*, parent: int, keep: tuple[int, ...], layers: Layers, limits: Limits, hidden_paths: list[str],
+            session: bool) -> None:
+    """Confine the calling (freshly forked, single-threaded) process. Raises OSError if a layer cannot be applied:
+    the caller exits, and the server reports a sandbox error instead of running code with less isolation."""
+    lib = libc()
+    os.setsid()
+    lib.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(0)
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the file-size limit, writes fail with EFBIG instead
+    if layers.cgroup is not None:
+        layers.cgroup.join()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    _close_all_but(keep)
+    # Host paths under /tmp (a checkout, a venv) stay visible under the private /tmp: hold them before mounting.
+    held = [(os.open(p, os.O_PATH | os.O_CLOEXEC), p) for p in hidden_paths if os.path.exists(p)]
+    uid, gid = os.getuid(), os.getgid()
+    privileged = os.geteuid() == 0
+    if privileged and not layers.userns:
+        _drop_bounding_and_ambient()
+    if layers.uid is not None:
+        os.setgroups([])
+        os.setresgid(layers.uid, layers.uid, layers.uid)
+        os.setresuid(layers.uid, layers.uid, layers.uid)  # the kernel clears permitted and effective here
+        uid = gid = layers.uid
+    if layers.userns:
+        _enter_namespaces(uid, gid)
+        _mount_tmpfs("/tmp", limits.tmp_mb)
+        if os.path.isdir("/dev/shm"):
+            _mount_tmpfs("/dev/shm", limits.shm_mb)
+        for fd, path in held:
+            _bind_back(fd, path)
+        _drop_bounding_and_ambient()  # with the namespace's own CAP_SETPCAP
+    for fd, _ in held:
+        os.close(fd)
+    workdir = "/tmp" if layers.userns else os.getcwd()
+    os.chdir(workdir)
+    limit_as = address_space() + limits.memory_mb * _MB
+    resource.setrlimit(resource.RLIMIT_AS, (limit_as, limit_as))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size_mb * _MB,) * 2)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if layers.uid is not None:  # per uid: counts this call's threads and processes only
+        resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
+    os.environ.clear()
+    os.environ.update({"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"})
+    if privileged or layers.userns:
+        _clear_capabilities()
+    _check(lib.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE")
+    if layers.seccomp:
+        seccomp.install(seccomp.build_filter(os.getpid(), allow_fork=session))
+
+
+def processes_of_session(sid: int) -> list[int]:
+    """Every process in session `sid`: what a call left running. Model code cannot leave its session (seccomp
+    refuses setsid), and every child starts one of its own, so the session id names a call's processes."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[3]) != sid:
+                continue
+        except (OSError, ValueError, IndexError):
+            continue
+        found.append(int(entry))
+    return found
+
+
+def kill_session(sid: int, keep: int | None = None) -> int:
+    """SIGKILL every process of a session but `keep`; returns how many were signalled."""
+    victims = [pid for pid in processes_of_session(sid) if pid != keep]
+    for pid in victims:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    return len(victims)
+
+
+def status() -> dict[str, object]:
+    """What this process really has, read from /proc: for `retool-env doctor` and `require="strict"`."""
+    fields: dict[str, object] = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("Uid", "Gid", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp"):
+                fields[key] = value.split()[0] if key in ("Uid", "Gid") else value.strip()
+    for ns in ("user", "mnt", "pid", "net", "ipc"):
+        with contextlib.suppress(OSError):
+            fields[f"ns_{ns}"] = os.readlink(f"/proc/self/ns/{ns}")
+    with contextlib.suppress(OSError), open("/proc/self/uid_map") as f:
+        fields["uid_map"] = " ".join(f.read().split())
+    with contextlib.suppress(OSError), open("/proc/self/cgroup") as f:
+        fields["cgroup"] = f.read().strip()
+    fields["dumpable"] = libc().prctl(3, 0, 0, 0, 0)
+    return fields

@@ -1,0 +1,61 @@
+"""How the sandbox's processes talk.
+
+- Client and server (and server and child, for the code): one request per connection, each message a 4-byte
+  big-endian length and JSON.
+- Server and zygote: a SOCK_SEQPACKET pair, one JSON message per packet, descriptors passed alongside.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import struct
+from typing import Any
+
+_FRAME = struct.Struct(">I")
+_MAX_FDS = 4
+
+
+def pack(obj: Any) -> bytes:
+    data = json.dumps(obj).encode("utf-8")
+    return _FRAME.pack(len(data)) + data
+
+
+def _read_exact(fd: int, n: int) -> bytes | None:
+    chunks, left = [], n
+    while left:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_frame_blocking(fd: int) -> Any | None:
+    header = _read_exact(fd, _FRAME.size)
+    if header is None:
+        return None
+    body = _read_exact(fd, _FRAME.unpack(header)[0])
+    return None if body is None else json.loads(body)
+
+
+async def read_frame(reader: asyncio.StreamReader) -> Any:
+    (size,) = _FRAME.unpack(await reader.readexactly(_FRAME.size))
+    return json.loads(await reader.readexactly(size))
+
+
+def send_message(sock: socket.socket, message: dict[str, Any], fds: list[int] | tuple[int, ...] = ()) -> None:
+    socket.send_fds(sock, [json.dumps(message).encode("utf-8")], list(fds))
+
+
+def recv_message(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
+    """(message, descriptors), or (None, []) when the peer is gone."""
+    data, fds, _, _ = socket.recv_fds(sock, 1 << 16, _MAX_FDS)
+    if not data:
+        for fd in fds:
+            os.close(fd)
+        return None, []
+    return json.loads(data), fds

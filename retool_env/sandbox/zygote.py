@@ -1,0 +1,284 @@
+"""The zygote: a warm copy of the server, forked before the server handled any request, that forks the children.
+
+Model code must never find another call's code or output in its own memory. Every child is a copy of the process
+that forked it, so that process must never have held any: the server receives code and reads output, the zygote
+only forks. It gives each child its own uid (from a pool, when root), its own cgroup, its own session, and the
+descriptors the server passed for it (code pipe, output memfd, status pipe), which it closes right after the fork.
+It reaps every child (it is their sub-reaper) and reports each exit; on `release` it kills whatever a call left
+running, removes its cgroup and frees its uid.
+
+Messages (see protocol.py): server -> zygote `fork` (cid, session) with descriptors, `release` (cid);
+zygote -> server `layers` (once, at start), `forked` (cid, pid), `exit` (pid, status, cpu, oom).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from . import cell, child, confine
+from .cgroups import CallGroup, Delegation
+from .protocol import recv_message, send_message
+
+_PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER, _PR_SET_DUMPABLE = 1, 36, 4
+UID_BASE = 2_000_000_000  # far above any real account; one uid per live call or session
+
+
+@dataclass
+class ZygoteConfig:
+    memory_mb: int
+    max_output_bytes: int
+    traceback_lines: int
+    file_size_mb: int
+    open_files: int
+    tmp_mb: int
+    shm_mb: int
+    processes: int
+    use_seccomp: bool
+    use_userns: bool
+    uid_per_call: bool
+    cgroup: dict[str, Any] | None  # Delegation fields
+    hidden_paths: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Record:
+    pid: int
+    uid: int | None
+    group: CallGroup | None
+
+
+class Zygote:
+    def __init__(self, sock: socket.socket, config: ZygoteConfig) -> None:
+        self.sock = sock
+        self.config = config
+        self.pid = os.getpid()
+        self.delegation = Delegation(**config.cgroup) if config.cgroup else None
+        self.free_uids: list[int] = []
+        self.next_uid = UID_BASE
+        self.records: dict[int, _Record] = {}
+        self.by_pid: dict[int, int] = {}
+        self.lingering: list[tuple[int, _Record]] = []  # released, but processes or the cgroup were still there
+        self.limits = confine.Limits(
+            memory_mb=config.memory_mb, file_size_mb=config.file_size_mb, open_files=config.open_files,
+            tmp_mb=config.tmp_mb, shm_mb=config.shm_mb, processes=config.processes,
+        )  # fmt: skip
+        self.layers = confine.Layers(userns=config.use_userns, uid=None, seccomp=config.use_seccomp)
+        self.missing: dict[str, str] = {}
+
+    # -- children ------------------------------------------------------------------------------------------------
+
+    def _group(self, name: str) -> CallGroup | None:
+        if self.delegation is None:
+            return None
+        group = self.delegation.group(name)
+        cfg = self.config
+        group.create(memory_mb=cfg.memory_mb + cfg.tmp_mb + cfg.shm_mb + 64, pids=cfg.processes, cpus=1.0)
+        return group
+
+    def _spawn(self, layers: confine.Layers, fds: list[int], session: bool, main: Any,
+               report_fd: int | None = None) -> int:
+        """Fork a child that confines itself with `layers`, then runs `main(fds)`; returns its pid.
+        A failure is written to `report_fd` (the probes') and ends the child with status 71 (confining) or 70."""
+        pid = os.fork()
+        if pid != 0:
+            return pid
+        status = 71
+        try:
+            confine.prepare(parent=self.pid, keep=tuple(fds), layers=layers, limits=self.limits,
+                            hidden_paths=self.config.hidden_paths, session=session)
+            status = 70
+            main(fds)
+        except BaseException as exc:
+            with contextlib.suppress(BaseException):
+                if report_fd is not None:
+                    os.write(report_fd, f"{type(exc).__name__}: {exc}".encode()[:500])
+        finally:
+            os._exit(status)
+        raise AssertionError("unreachable")
+
+    def _take_uid(self) -> int:
+        if self.free_uids:
+            return self.free_uids.pop()
+        self.next_uid += 1
+        return self.next_uid - 1
+
+    def fork(self, cid: int, session: bool, fds: list[int]) -> None:
+        uid = self._take_uid() if self.layers.uid is not None else None
+        group = self._group(f"c{cid}")
+        layers = replace(self.layers, uid=uid, cgroup=group)
+        cfg = self.config
+        limits = {"memory_mb": cfg.memory_mb, "traceback_lines": cfg.traceback_lines}
+
+        def main(kept: list[int]) -> None:
+            buffer = cell.OutputBuffer(cfg.max_output_bytes, fd=kept[1])
+            buffer.release_fd()
+            if session:
+                child.session_head_main(kept[0], kept[2], buffer, self.pid, **limits)
+            else:
+                child.single_use_main(kept[0], buffer, **limits)
+
+        pid = self._spawn(layers, fds, session, main)
+        for fd in fds:
+            os.close(fd)
+        self.records[cid] = _Record(pid, uid, group)
+        self.by_pid[pid] = cid
+        send_message(self.sock, {"op": "forked", "cid": cid, "pid": pid})
+
+    def release(self, cid: int) -> None:
+        record = self.records.pop(cid, None)
+        if record is not None:
+            self.lingering.append((cid, record))
+        self._tidy()
+
+    def _tidy(self) -> None:
+        """Kill what released calls left running; free their cgroup and uid once nothing of them remains."""
+        still = []
+        for cid, record in self.lingering:
+            left = confine.kill_session(record.pid)  # every child leads the session it started
+            if left or (record.group is not None and not record.group.remove()):
+                still.append((cid, record))
+                continue
+            if record.uid is not None:
+                self.free_uids.append(record.uid)
+        self.lingering = still
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            cid = self.by_pid.pop(pid, None)
+            record = self.records.get(cid) if cid is not None else None
+            oom = bool(record and record.group and record.group.oom_killed())
+            message = {"op": "exit", "pid": pid, "status": status, "cpu": usage.ru_utime + usage.ru_stime, "oom": oom}
+            send_message(self.sock, message)
+        if self.lingering:
+            self._tidy()
+
+    # -- start: which layers this machine allows -----------------------------------------------------------------
+
+    def _probe(self, layers: confine.Layers) -> tuple[dict[str, Any] | None, str]:
+        """Fork a child with `layers`; (what it reports about itself, "") or (None, why it could not start)."""
+        report_r, report_w = os.pipe()
+
+        def main(kept: list[int]) -> None:
+            paths = [os.path.dirname(os.__file__), *(p for p in sys.path if p.endswith("site-packages"))]
+            for path in paths:  # the child imports lazily: the Python install must be readable
+                os.listdir(path)
+            with open(os.__file__, "rb") as f:
+                f.read(1)
+            with open(kept[0], "w") as f:  # the pipe's fd
+                json.dump(confine.status(), f)
+            os._exit(0)
+
+        pid = self._spawn(layers, [report_w], False, main, report_fd=report_w)
+        os.close(report_w)
+        with os.fdopen(report_r) as f:
+            text = f.read()
+        os.waitpid(pid, 0)
+        if text.startswith("{"):
+            return json.loads(text), ""
+        return None, f"a child could not start with it ({text or 'no report'})"
+
+    def decide_layers(self) -> dict[str, Any]:
+        """Add one layer at a time, keeping those a probe child can really start with. The uid comes first: a user
+        namespace made by root would map uid 0, which the server's capabilities (rightly) do not allow."""
+        layers = confine.Layers(userns=False, uid=None, seccomp=False)
+        steps = [
+            ("uid per call", self.config.uid_per_call, lambda la: replace(la, uid=UID_BASE - 1)),
+            ("user namespace", self.config.use_userns, lambda la: replace(la, userns=True)),
+            ("cgroup", self.delegation is not None, None),
+            ("seccomp", self.config.use_seccomp, lambda la: replace(la, seccomp=True)),
+        ]
+        status: dict[str, Any] | None = None
+        for name, wanted, add in steps:
+            if not wanted:
+                continue
+            group = self._group("probe") if name == "cgroup" else None
+            candidate = replace(layers, cgroup=group) if name == "cgroup" else add(layers)
+            status, why = self._probe(candidate)
+            if group is not None:
+                group.remove()
+            if status is None:
+                self.missing[name] = why
+                if name == "cgroup":
+                    self.delegation = None
+                continue
+            layers = replace(candidate, cgroup=None)
+        if status is None:
+            status, _ = self._probe(layers)
+        self.layers = layers
+        return {"op": "layers", "missing": self.missing, "child": status or {}}
+
+    # -- loop ----------------------------------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        send_message(self.sock, self.decide_layers())
+        wakeup_r, wakeup_w = os.pipe()
+        for fd in (wakeup_r, wakeup_w):
+            os.set_blocking(fd, False)
+        signal.set_wakeup_fd(wakeup_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        selector = selectors.DefaultSelector()
+        selector.register(self.sock, selectors.EVENT_READ, "server")
+        selector.register(wakeup_r, selectors.EVENT_READ, "signal")
+        self.reap()
+        while True:
+            for key, _ in selector.select():
+                if key.data == "signal":
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(wakeup_r, 4096)
+                    self.reap()
+                    continue
+                message, fds = recv_message(self.sock)
+                if message is None:
+                    self.shutdown()
+                    return
+                if message["op"] == "fork":
+                    self.fork(message["cid"], message["session"], fds)
+                elif message["op"] == "release":
+                    self.release(message["cid"])
+                else:
+                    for fd in fds:
+                        os.close(fd)
+
+    def shutdown(self) -> None:
+        for cid in list(self.records):
+            self.release(cid)
+        for _ in range(100):
+            self.reap()
+            if not self.lingering:
+                break
+            time.sleep(0.01)
+
+
+def run(sock: socket.socket, config: ZygoteConfig, close: list[int]) -> None:
+    """Become the zygote (in a process just forked from the server); never returns."""
+    from .confine import libc
+
+    try:
+        for fd in close:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        lib = libc()
+        lib.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        lib.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        lib.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
+        Zygote(sock, config).serve()
+    finally:
+        os._exit(0)
+
