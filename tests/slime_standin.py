@@ -148,6 +148,15 @@ async def generate_and_rm_group(args: SimpleNamespace, group: list[Sample], gene
     return samples
 
 
+@dataclass
+class DynamicFilterOutput:
+    """slime.rollout.filter_hub.base_types.DynamicFilterOutput: a drop's reason becomes a rollout metric."""
+
+    keep: bool
+    reason: str | None = None
+    keep_when_insufficient: bool = False
+
+
 def dynamic_filter_keeps(fn: Any, args: SimpleNamespace, group: list[Sample]) -> tuple[bool, str | None]:
     """slime's `call_dynamic_filter`: a bool is the legacy answer, else a `DynamicFilterOutput(keep, reason)`."""
     output = fn(args, group)
@@ -169,3 +178,8 @@ def to_train_data(args: SimpleNamespace, samples: list[Sample]) -> dict[str, lis
     rewards = [float(s.get_reward_value(args)) for s in samples]  # a None or a dict here is slime's TypeError
     return {"tokens": [s.tokens for s in samples], "rewards": rewards,
             "loss_masks": [s.loss_mask for s in samples]}
+
+
+def keep_none(args: SimpleNamespace, group: list[Sample]) -> DynamicFilterOutput:
+    """A user's dynamic filter that drops every group it is asked about."""
+    return DynamicFilterOutput(keep=False, reason="kept none")

@@ -14,6 +14,7 @@ import asyncio
 import base64
 import json
 import re
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
@@ -27,6 +28,7 @@ from retool_adapters import slime
 from .slime_standin import (
     SLIME_FULLY_ASYNC,
     SLIME_ROLLOUT,
+    DynamicFilterOutput,
     Sample,
     dynamic_filter_keeps,
     generate_and_rm_group,
@@ -261,13 +263,20 @@ def test_top_p_replay_is_refused_where_the_engine_cannot_serve_it(tok_path):
 
 
 @pytest.mark.parametrize("group_rm", [False, True])
-def test_aborted_groups_never_reach_training_under_the_default_rollout(tok_path, group_rm):
+def test_aborted_groups_never_reach_training_under_the_default_rollout(tok_path, group_rm, monkeypatch):
     samples, _, args = play_group(tok_path, "sglang", ["hermes_correct", "hermes_correct"], ["ok", "no_logprobs"],
                                   group_rm=group_rm)
     assert [s.status for s in samples] == [Sample.Status.COMPLETED, Sample.Status.ABORTED]
     assert samples[0].reward == 1.0 and samples[1].reward is None  # never scored as a wrong answer
+    assert dynamic_filter_keeps(slime.drop_aborted_groups, args, samples) == (False, None)  # a bool without slime
+    # slime's filter types, which are not importable here, give the drop its reason (a rollout metric).
+    monkeypatch.setitem(sys.modules, "slime.rollout.filter_hub.base_types",
+                        SimpleNamespace(DynamicFilterOutput=DynamicFilterOutput))
     assert dynamic_filter_keeps(slime.drop_aborted_groups, args, samples) == (False, "aborted")
-    assert dynamic_filter_keeps(slime.drop_aborted_groups, args, samples[:1])[0] is True
+    assert dynamic_filter_keeps(slime.drop_aborted_groups, args, samples[:1]) == (True, None)
+    # A filter of the user's own (DAPO's non-zero std) sees only groups without an aborted sample.
+    args.retool_dynamic_filter_path = "tests.slime_standin.keep_none"
+    assert dynamic_filter_keeps(slime.drop_aborted_groups, args, samples[:1]) == (False, "kept none")
 
 
 def test_the_default_rollout_without_the_abort_filter_is_refused_at_the_first_sample(tok_path):
