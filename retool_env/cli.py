@@ -31,34 +31,37 @@ def _sandbox_serve(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
+    """Every isolation layer as measured in a confined child, then one live attack per class."""
+    import os
     import time
 
-    from retool_env.sandbox import LocalSandbox
-    from retool_env.sandbox.isolation import report
+    from retool_env.sandbox import LocalSandbox, isolation, probes
 
-    print("Sandbox isolation layers on this machine:")
-    for layer in report():
-        print(f"  [{'on ' if layer.active else 'off'}] {layer.name:<22} {layer.detail}")
-    print("\nLive check (a LocalSandbox with isolation=auto):")
     start = time.perf_counter()
-    with LocalSandbox(timeout=5) as sandbox:
+    home = os.path.expanduser("~")
+    # What a child may see in the trainer's home: the parents of the Python install, nothing else.
+    expected = sorted({p[len(home) + 1:].split("/")[0] for p in isolation.python_paths() if p.startswith(home + "/")})
+    with LocalSandbox(timeout=5, require=args.require) as sandbox:
+        rows = sandbox.layers()
+        print(f"Sandbox isolation layers on this machine (wrapper: {sandbox.wrapper}; measured in a child):")
+        for layer in rows:
+            print(f"  [{'on ' if layer.active else 'off'}] {layer.name:<22} {layer.detail}")
         result = sandbox.run_sync("print(6 * 7)")
-        started = time.perf_counter() - start
-        print(f"  server started and ran a call in {started:.2f} s: {result.status} {result.output.strip()!r}")
-        print(f"  wrapper: {sandbox.wrapper}")
-        probes = {
-            "fork": "import os; os.fork()",
-            "socket": "import socket; socket.socket()",
-            "exec": "import os; os.execv('/bin/true', ['true'])",
-            "write /etc": "open('/etc/retool-doctor-probe', 'w')",
-            "signal parent": "import os; os.kill(os.getppid(), 0)",
-        }
-        for name, code in probes.items():
-            probe = sandbox.run_sync(code)
-            verdict = "blocked" if probe.status != "ok" else "ALLOWED"
-            last = (probe.output.strip().splitlines() or [""])[-1]
-            print(f"  {name:<14} {verdict:<8} {last[:90]}")
-    return 0 if result.ok else 1
+        print(f"\nLive check: the server started and ran a call in {time.perf_counter() - start:.2f} s: "
+              f"{result.status} {result.output.strip()!r}")
+        print("Attacks (model code trying each; `contained` means it failed):")
+        escaped = 0
+        for name in probes.ATTACKS:
+            probe = sandbox.run_sync(probes.code(name, home=home, expected_in_home=expected))
+            lines = probe.output.strip().splitlines()
+            verdict = "ESCAPED" if any(line.startswith("ESCAPED") for line in lines) else "contained"
+            escaped += verdict == "ESCAPED"
+            print(f"  {name:<24} {verdict:<9} {(lines or [''])[-1][:80]}")
+    root = os.geteuid() == 0
+    missing = [row.name for row in isolation.required(rows, root=root) if not row.active]
+    print(f"\n{len(missing)} required layer(s) missing{': ' + ', '.join(missing) if missing else ''}; "
+          f"{escaped} attack(s) escaped.")
+    return 0 if result.ok and not escaped else 1
 
 
 def _eval(eval_args: Sequence[str]) -> int:
@@ -94,7 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--isolation", default="auto", choices=["auto", "bwrap", "unshare", "none"])
     serve.set_defaults(func=_sandbox_serve)
 
-    doctor = commands.add_parser("doctor", help="show which sandbox isolation layers work on this machine")
+    doctor = commands.add_parser("doctor", help="measure the sandbox's isolation layers and try one attack per class")
+    doctor.add_argument("--require", choices=["warn", "strict"], default="warn",
+                        help="strict: fail when any isolation layer is missing")
     doctor.set_defaults(func=_doctor)
 
     evaluate = commands.add_parser("eval", help="evaluate a model (training/eval.py; --help for its options)",

@@ -113,10 +113,10 @@ def test_echo_of_trailing_expression(sandbox, code, expected):
 
 
 def test_bare_fallback_echo_off_and_cleanup():
-    """Without namespaces or seccomp: escaped processes are still reaped; echo can be off; close removes files."""
+    """Without a wrapper or seccomp: escaped processes are still reaped; echo can be off; close removes cgroups."""
     sb = LocalSandbox(echo=False, prefork=1, isolation="none", seccomp=False, timeout=3)
     sb.start()
-    jobs_dir = sb._process.jobs_dir
+    cgroups = sb._process.cgroup.parents if sb._process.cgroup else ()
     try:
         assert sb.wrapper == "none"
         assert run(sb, "x = 5\nx").output == ""
@@ -124,8 +124,8 @@ def test_bare_fallback_echo_off_and_cleanup():
         assert run(sb, "x = 5\nx", echo=True).output.strip() == "5"
         escape = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\nprint('parent done')"
         assert run(sb, escape).output.strip() == "parent done"
-        def settled() -> bool:  # the pool is refilled and nothing else is alive
-            return asyncio.run(sb.info())["pool"] == 1 and len(descendants(sb.server_pid)) == 1
+        def settled() -> bool:  # the pool is refilled and nothing else is alive: the zygote and one child
+            return asyncio.run(sb.info())["pool"] == 1 and len(descendants(sb.server_pid)) == 2
 
         deadline = time.time() + 5
         while time.time() < deadline and not settled():
@@ -133,7 +133,7 @@ def test_bare_fallback_echo_off_and_cleanup():
         assert settled()
     finally:
         sb.close()
-    assert jobs_dir and not os.path.exists(jobs_dir)
+    assert not any(os.path.exists(d) for d in cgroups)
 
 
 def test_error_keeps_stdout_then_trimmed_traceback(sandbox):
@@ -302,14 +302,14 @@ def test_sessions_are_bounded(sandbox):
 def test_unshare_wrapper_and_unknown_isolation():
     from retool_env.sandbox import isolation
 
-    if isolation.server_prefix("auto")[0] == "none":
+    if isolation.choose_wrapper("auto") == "none":
         pytest.skip("no namespaces on this machine")
     with LocalSandbox(isolation="unshare", prefork=1) as sb:
         code = "import os\nprint(os.getpid() < 100, [l.split(':')[0].strip() for l in open('/proc/net/dev')][2:])"
         result = run(sb, code)  # a fresh pid namespace, and a network namespace with only loopback
         assert sb.wrapper == "unshare" and result.output.strip() == "True ['lo']"
     with pytest.raises(RuntimeError, match="not available"):
-        isolation.server_prefix("firecracker")
+        isolation.choose_wrapper("firecracker")
 
 
 def test_server_death_gives_sandbox_error_then_restarts():
@@ -336,18 +336,23 @@ def test_unclosed_sandbox_leaves_nothing_when_the_trainer_exits():
         from retool_env.sandbox import LocalSandbox
         wrapped, bare = LocalSandbox(prefork=1), LocalSandbox(prefork=1, isolation="none")
         assert wrapped.run_sync("print(1)").ok and bare.run_sync("print(1)").ok
-        print(wrapped.server_pid, bare.server_pid, bare._process.jobs_dir, "torch" in sys.modules, flush=True)
+        cgroup = wrapped._process.cgroup.parents[0] if wrapped._process.cgroup else "/nonexistent"
+        print(wrapped.server_pid, bare.server_pid, cgroup, "torch" in sys.modules, flush=True)
         import os; os._exit(0)  # no close(), no atexit: as if the trainer crashed
         """
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=90, check=True)
-    wrapped_pid, bare_pid, jobs_dir, torch_imported = out.stdout.split()
+    wrapped_pid, bare_pid, cgroup, torch_imported = out.stdout.split()
     assert torch_imported == "False"
-    leftovers = [f"/proc/{wrapped_pid}", f"/proc/{bare_pid}", jobs_dir]
+    leftovers = [f"/proc/{wrapped_pid}", f"/proc/{bare_pid}"]
     deadline = time.time() + 10
     while time.time() < deadline and any(os.path.exists(p) for p in leftovers):
         time.sleep(0.1)
     assert not any(os.path.exists(p) for p in leftovers)
+    # A crashed trainer's empty parent cgroup is removed by the next sandbox that starts.
+    with LocalSandbox(prefork=0) as sb:
+        sb.start()
+    assert not os.path.exists(cgroup)
 
 
 # -- SandboxFusion over real HTTP ---------------------------------------------------------------------------------

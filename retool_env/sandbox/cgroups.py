@@ -15,6 +15,7 @@ from dataclasses import dataclass
 ROOT = "/sys/fs/cgroup"
 V1_CONTROLLERS = ("memory", "pids", "cpu")
 _CPU_PERIOD_US = 100_000
+_PREFIX = "retool-sandbox-"
 
 
 def _own_group(controller: str) -> str | None:
@@ -30,6 +31,15 @@ def _own_group(controller: str) -> str | None:
 def _write(path: str, value: str) -> None:
     with open(path, "w") as f:
         f.write(value)
+
+
+def _remove_stale(base: str) -> None:
+    """Parent groups of trainers that died without closing their sandbox (the server could not remove them)."""
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(base):
+            pid = entry.name.removeprefix(_PREFIX).split("-")[0]
+            if entry.name.startswith(_PREFIX) and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                Delegation(0, (entry.path,)).remove()
 
 
 def _mkdir_writable(path: str) -> str | None:
@@ -50,13 +60,14 @@ class Delegation:
     @classmethod
     def create(cls) -> tuple[Delegation | None, str]:
         """Make a fresh parent group for one server; (None, why) where this machine or user cannot."""
-        name = f"retool-sandbox-{os.getpid()}-{secrets.token_hex(4)}"
+        name = f"{_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
         if os.path.exists(os.path.join(ROOT, "cgroup.controllers")):  # pure v2
             own = _own_group("")
             if own is None:
                 return None, "no cgroup v2 membership in /proc/self/cgroup"
             base = os.path.join(ROOT, own.lstrip("/"))
             parent = os.path.join(base, name)
+            _remove_stale(base)
             problem = _mkdir_writable(parent)
             if problem:
                 return None, problem
@@ -78,6 +89,7 @@ class Delegation:
                 cls(1, tuple(parents)).remove()
                 return None, f"no cgroup v1 {controller} controller mounted"
             parent = os.path.join(mount, own.lstrip("/"), name)
+            _remove_stale(os.path.dirname(parent))
             problem = _mkdir_writable(parent)
             if problem:
                 cls(1, tuple(parents)).remove()

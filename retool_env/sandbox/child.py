@@ -76,6 +76,8 @@ def session_head_main(command_fd: int, status_fd: int, buffer: cell.OutputBuffer
                       **limits: Any) -> None:
     """Hold an episode's state; report each cell on the status pipe: `C <pid>`, then `T` (took over) or `X <status>`."""
     namespace = _fresh_namespace()
+    # Once its head exits, a cell that took over leads an orphaned process group, which the kernel sends SIGHUP.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     fork, write, read, waitpid = os.fork, os.write, os.read, os.waitpid  # user code may rebind the os module's names
     while True:
         _die_with(zygote)

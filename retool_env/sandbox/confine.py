@@ -23,7 +23,7 @@ from .cgroups import CallGroup
 
 _CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWUSER = 0x00020000, 0x08000000, 0x10000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC = 0x1, 0x2, 0x4, 0x20, 0x1000, 0x4000
-_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_CAP_AMBIENT = 1, 4, 24, 47
+_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT = 1, 4, 24, 38, 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 _MB = 1 << 20
@@ -87,11 +87,10 @@ def _mount_tmpfs(path: str, size_mb: int) -> None:
     _check(libc().mount(b"tmpfs", path.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, opts), f"mount {path}")
 
 
-def _bind_back(fd: int, path: str) -> None:
-    """Make `path` (hidden by a tmpfs above it) visible again, read-only, from a descriptor opened before."""
+def _bind_read_only(source: str, path: str) -> None:
     os.makedirs(path, exist_ok=True)
     lib = libc()
-    _check(lib.mount(f"/proc/self/fd/{fd}".encode(), path.encode(), None, _MS_BIND | _MS_REC, None), f"bind {path}")
+    _check(lib.mount(source.encode(), path.encode(), None, _MS_BIND | _MS_REC, None), f"bind {path}")
     flags = _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV
     _check(lib.mount(None, path.encode(), None, flags, None), f"remount {path} read-only")
 
@@ -119,8 +118,8 @@ def _clear_capabilities() -> None:
     _check(libc().capset(ctypes.byref(header), (_CapData * 2)()), "capset")
 
 
-def prepare(*, parent: int, keep: tuple[int, ...], layers: Layers, limits: Limits, hidden_paths: list[str],
-            session: bool) -> None:
+def prepare(*, parent: int, keep: tuple[int, ...], layers: Layers, limits: Limits, masks: list[str],
+            rebinds: list[tuple[str, str]], session: bool) -> None:
     """Confine the calling (freshly forked, single-threaded) process. Raises OSError if a layer cannot be applied:
     the caller exits, and the server reports a sandbox error instead of running code with less isolation."""
     lib = libc()
@@ -138,8 +137,6 @@ def prepare(*, parent: int, keep: tuple[int, ...], layers: Layers, limits: Limit
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     _close_all_but(keep)
-    # Host paths under /tmp (a checkout, a venv) stay visible under the private /tmp: hold them before mounting.
-    held = [(os.open(p, os.O_PATH | os.O_CLOEXEC), p) for p in hidden_paths if os.path.exists(p)]
     uid, gid = os.getuid(), os.getgid()
     privileged = os.geteuid() == 0
     if privileged and not layers.userns:
@@ -151,14 +148,13 @@ def prepare(*, parent: int, keep: tuple[int, ...], layers: Layers, limits: Limit
         uid = gid = layers.uid
     if layers.userns:
         _enter_namespaces(uid, gid)
-        _mount_tmpfs("/tmp", limits.tmp_mb)
+        for directory in masks:
+            _mount_tmpfs(directory, limits.tmp_mb)
         if os.path.isdir("/dev/shm"):
             _mount_tmpfs("/dev/shm", limits.shm_mb)
-        for fd, path in held:
-            _bind_back(fd, path)
+        for source, path in rebinds:  # the Python install or this package, if they live under /tmp
+            _bind_read_only(source, path)
         _drop_bounding_and_ambient()  # with the namespace's own CAP_SETPCAP
-    for fd, _ in held:
-        os.close(fd)
     workdir = "/tmp" if layers.userns else os.getcwd()
     os.chdir(workdir)
     limit_as = address_space() + limits.memory_mb * _MB
@@ -173,6 +169,7 @@ def prepare(*, parent: int, keep: tuple[int, ...], layers: Layers, limits: Limit
     if privileged or layers.userns:
         _clear_capabilities()
     _check(lib.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE")
+    _check(lib.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS")
     if layers.seccomp:
         seccomp.install(seccomp.build_filter(os.getpid(), allow_fork=session))
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from . import seccomp
 
 _MASKED = ("/root", "/home", "/tmp", "/var/tmp", "/run")
+REBIND_DIR = "/run/retool-host"  # inside the server: second views of Python paths under /tmp
 # As root: switch each child to its own uid (SETUID, SETGID), drop its bounding set where it has no user
 # namespace (SETPCAP), and signal children of other uids (KILL). Nothing else.
 _SERVER_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_KILL")
@@ -66,18 +67,37 @@ def hidden_python_paths(under: tuple[str, ...] | list[str]) -> list[str]:
     return [p for p in python_paths() if any(p == d or p.startswith(d + "/") for d in under)]
 
 
+def _bind_into_tmpfs(path: str, dest: str, top: str) -> list[str]:
+    """bubblewrap would create the directories above `dest` with mode 0700, which only root could traverse."""
+    parts = os.path.relpath(dest, top).split(os.sep)[:-1]
+    dirs = [arg for i in range(len(parts)) for arg in ("--perms", "0755", "--dir", os.path.join(top, *parts[: i + 1]))]
+    return [*dirs, "--ro-bind", path, dest]
+
+
+def child_rebinds(wrapper: str) -> list[tuple[str, str]]:
+    """(a copy visible inside the server, path) for each Python path that a child's private /tmp covers: the
+    child binds the copy back (it cannot reach the original once its tmpfs is mounted)."""
+    if wrapper != "bwrap":
+        return []
+    return [(f"{REBIND_DIR}/{i}", path) for i, path in enumerate(hidden_python_paths(["/tmp"]))]
+
+
+def child_masks(wrapper: str) -> list[str]:
+    """Where each child mounts a private tmpfs. Without bubblewrap, /tmp is kept if Python lives under it."""
+    if wrapper == "bwrap" or not hidden_python_paths(["/tmp"]):
+        return ["/tmp"]
+    return []
+
+
 def bwrap_args(cgroup_dirs: tuple[str, ...] = ()) -> list[str]:
     args = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     masked = masked_dirs()
     for directory in masked:
         args += ["--tmpfs", directory]
     for path in hidden_python_paths(masked):
-        # bubblewrap would create the directories above it with mode 0700, which only root could traverse.
-        top = next(d for d in masked if path == d or path.startswith(d + "/"))
-        parts = os.path.relpath(path, top).split(os.sep)[:-1]
-        for i in range(len(parts)):
-            args += ["--perms", "0755", "--dir", os.path.join(top, *parts[: i + 1])]
-        args += ["--ro-bind", path, path]
+        args += _bind_into_tmpfs(path, path, next(d for d in masked if path == d or path.startswith(d + "/")))
+    for source, dest in child_rebinds("bwrap"):
+        args += _bind_into_tmpfs(dest, source, "/run")
     for directory in cgroup_dirs:  # the server's own cgroups, where it creates one per call
         args += ["--bind", directory, directory]
     args += ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]

@@ -75,7 +75,8 @@ class _Process:
             "listen_fd": listener.fileno(),
             "lifeline_fd": lifeline_r,
             "cgroup": {"version": self.cgroup.version, "parents": self.cgroup.parents} if self.cgroup else None,
-            "hidden_paths": isolation.hidden_python_paths(["/tmp"]),
+            "masks": isolation.child_masks(self.wrapper),
+            "rebinds": isolation.child_rebinds(self.wrapper),
         }
         bootstrap = _BOOTSTRAP.format(root=_PACKAGE_ROOT, sandbox=_SANDBOX_DIR)
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 - the server writes to it for its whole life

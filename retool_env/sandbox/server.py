@@ -62,7 +62,8 @@ class Config:
     use_userns: bool = True
     uid_per_call: bool = True
     cgroup: dict[str, Any] | None = None
-    hidden_paths: list[str] = field(default_factory=list)  # host paths under /tmp that children must still see
+    masks: list[str] = field(default_factory=list)  # directories each child covers with a tmpfs of its own
+    rebinds: list[tuple[str, str]] = field(default_factory=list)  # (visible copy, path under a mask) bound back
     preload: list[str] = field(default_factory=lambda: list(PRELOAD))
 
     def zygote_config(self) -> zygote.ZygoteConfig:
@@ -361,6 +362,8 @@ class Server:
             if line == b"T\n" and self._is_cell(cell_pid, head):
                 exited = self.waiters[cell_pid] = asyncio.get_running_loop().create_future()  # the new head
                 session.head = Child(head.cid, cell_pid, head.code_fd, head.buffer, exited, sid=head.sid)
+                with contextlib.suppress(asyncio.TimeoutError):  # the old head leaves at once; then stop the new
+                    await asyncio.wait_for(asyncio.shield(head.exited), 1.0)
                 self._pause(session)
                 return self._result(session.head, (0, 0.0, False), request, duration, False)
             if line.startswith(b"X "):

@@ -46,7 +46,8 @@ class ZygoteConfig:
     use_userns: bool
     uid_per_call: bool
     cgroup: dict[str, Any] | None  # Delegation fields
-    hidden_paths: list[str] = field(default_factory=list)
+    masks: list[str] = field(default_factory=list)  # directories each child covers with its own tmpfs
+    rebinds: list[tuple[str, str]] = field(default_factory=list)  # (visible copy, path under a mask) bound back
 
 
 @dataclass
@@ -94,7 +95,7 @@ class Zygote:
         status = 71
         try:
             confine.prepare(parent=self.pid, keep=tuple(fds), layers=layers, limits=self.limits,
-                            hidden_paths=self.config.hidden_paths, session=session)
+                            masks=self.config.masks, rebinds=self.config.rebinds, session=session)
             status = 70
             main(fds)
         except BaseException as exc:
@@ -137,7 +138,22 @@ class Zygote:
         record = self.records.pop(cid, None)
         if record is not None:
             self.lingering.append((cid, record))
+        if not self.layers.seccomp:
+            self._kill_strays()
         self._tidy()
+
+    def _kill_strays(self) -> None:
+        """Without seccomp a child may leave its session (setsid): kill what was re-parented to us and is not ours."""
+        known = {record.pid for record in self.records.values()}
+        sessions = {record.pid for record in self.records.values()}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) in known:
+                continue
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                if int(fields[1]) == self.pid and int(fields[3]) not in sessions:
+                    os.kill(int(entry), signal.SIGKILL)
 
     def _tidy(self) -> None:
         """Kill what released calls left running; free their cgroup and uid once nothing of them remains."""

@@ -1,0 +1,51 @@
+"""Live attacks, one per class the sandbox must contain, run as model code by `retool-env doctor`.
+
+Each snippet prints `ESCAPED ...` if its attack worked; anything else (an exception, a refusal) means contained.
+The test suite checks the same classes from outside the sandbox (canaries, victims, the process table).
+"""
+
+from __future__ import annotations
+
+_PRELUDE = """\
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+def syscall(nr, *args):
+    r = libc.syscall(nr, *args)
+    return r, ctypes.get_errno()
+"""
+
+ATTACKS: dict[str, str] = {
+    "capabilities": "s = open('/proc/self/status').read()\n"
+                    "caps = [l for l in s.splitlines() if l.startswith(('CapEff', 'CapPrm', 'CapBnd'))]\n"
+                    "if any(int(l.split()[1], 16) for l in caps): print('ESCAPED', caps)",
+    "new mount API": "r, e = syscall(428, -100, b'/', 1 | 0x8000)\nif r >= 0: print('ESCAPED open_tree', r)",
+    "open_by_handle_at": "r, e = syscall(304, -100, ctypes.create_string_buffer(64), 0)\n"
+                         "if e not in (errno.EPERM, errno.ENOSYS): print('ESCAPED', errno.errorcode.get(e))",
+    "root-only files": "open('/etc/shadow').read(1); print('ESCAPED /etc/shadow')",
+    "trainer's home": "left = [e for e in os.listdir({home!r}) if not {home!r}.startswith('/tmp')]\n"
+                      "expected = {expected!r}\n"
+                      "if set(left) - set(expected): print('ESCAPED', sorted(set(left) - set(expected))[:5])",
+    "signal the server": "os.kill(os.getppid(), 0); print('ESCAPED kill')",
+    "pidfd": "r, e = syscall(434, os.getppid(), 0)\nif r >= 0: print('ESCAPED pidfd_open')",
+    "prlimit another process": "import resource\nresource.prlimit(os.getppid(), resource.RLIMIT_NOFILE)\n"
+                               "print('ESCAPED prlimit')",
+    "process memory": "open(f'/proc/{{os.getppid()}}/mem', 'rb'); print('ESCAPED /proc/<server>/mem')",
+    "fork": "pid = os.fork()\nif pid == 0: os._exit(0)\nprint('ESCAPED fork')",
+    "exec": "os.execv('/bin/true', ['true'])",
+    "setsid": "os.setsid(); print('ESCAPED setsid')",
+    "socket": "import socket\nsocket.socket(socket.AF_UNIX); print('ESCAPED socket')",
+    "new namespaces": "r, e = syscall(272, 0x10000000)\nif r == 0: print('ESCAPED unshare')",
+    "write the host": "open('/etc/retool-doctor-probe', 'w'); print('ESCAPED /etc')",
+    "SCHED_FIFO": "os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1)); print('ESCAPED SCHED_FIFO')",
+    "nice -20": "os.setpriority(os.PRIO_PROCESS, 0, -20); print('ESCAPED nice')",
+    "kernel log": "r = libc.klogctl(3, ctypes.create_string_buffer(256), 256)\nif r >= 0: print('ESCAPED syslog')",
+    "device node": "import stat\nos.mknod('/tmp/null', stat.S_IFCHR | 0o600, os.makedev(1, 3)); print('ESCAPED mknod')",
+    "other calls' files": "left = os.listdir('/tmp') + os.listdir('/dev/shm')\nif left: print('ESCAPED', left[:5])\n"
+                          "open('/tmp/mark', 'w').write('x'); open('/dev/shm/mark', 'w').write('x')",
+    "other calls' output": "maps = [l for l in open('/proc/self/maps') if 'retool-output' in l]\n"
+                           "if len(maps) > 1: print('ESCAPED', len(maps), 'output buffers mapped')",
+}  # fmt: skip
+
+
+def code(name: str, *, home: str, expected_in_home: list[str]) -> str:
+    return _PRELUDE + ATTACKS[name].format(home=home, expected=expected_in_home)
