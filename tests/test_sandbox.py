@@ -446,15 +446,32 @@ def test_cli_serve_speaks_sandbox_fusion_and_stops_on_a_signal(tmp_path, stop_si
 def test_cli_doctor_reports_layers(capsys):
     from retool_env.cli import main
 
-    assert main(["doctor"]) == 0
+    code = main(["doctor"])
     out = capsys.readouterr().out
-    for layer in ("seccomp", "namespaces", "uid drop", "clean environment"):
+    for layer in ("seccomp", "namespaces", "uid per call", "user namespace", "capabilities dropped", "cgroup"):
         assert layer in out
-    probes = {line.split()[0]: line for line in out.split("Live check")[1].splitlines()[3:] if line.strip()}
-    if "[on ] seccomp" in out:
-        assert all("blocked" in probes[name] for name in ("fork", "socket", "exec", "signal")), probes
-    if "[on ] read-only filesystem" in out:
-        assert "blocked" in probes["write"]
+    attacks = out.split("Attacks")[1]
+    assert "ESCAPED" not in attacks and code == 0, out
+
+
+def test_doctor_probes_see_an_escape_when_isolation_is_off():
+    """The positive control: with every layer off, the same probes report the attacks that then work."""
+    from retool_env.sandbox import probes
+
+    with LocalSandbox(isolation="none", seccomp=False, userns=False, drop_uid=False, prefork=1) as sb:
+        escaped = {name for name in ("fork", "setsid", "socket", "other calls' files")
+                   if "ESCAPED" in run(sb, probes.code(name, home="/", expected_in_home=[])).output}
+        run(sb, probes.code("other calls' files", home="/", expected_in_home=[]))  # leaves a mark for the next
+        escaped |= {"shared /tmp"} if "ESCAPED" in run(sb, probes.code("other calls' files", home="/",
+                                                                           expected_in_home=[])).output else set()
+    assert {"fork", "setsid", "socket", "shared /tmp"} <= escaped, escaped
+
+
+def test_strict_refuses_to_start_without_a_layer():
+    with pytest.raises(RuntimeError, match="layers missing.*seccomp"):
+        LocalSandbox(seccomp=False, require="strict", prefork=0).start()
+    with pytest.raises(ValueError, match="require"):
+        LocalSandbox(require="maybe")
 
 
 def test_cli_is_import_light():
@@ -466,17 +483,19 @@ def test_cli_is_import_light():
     assert out.strip() == "[]"
 
 
-def test_bwrap_keeps_a_checkout_under_tmp_visible(monkeypatch):
-    """bubblewrap's private /tmp would hide a venv or checkout living under /tmp (a CI clone, say)."""
-    from retool_env.sandbox import isolation
-
+def test_a_checkout_under_tmp_stays_visible_read_only(monkeypatch):
+    """Each call's private /tmp would hide a venv or checkout living under /tmp (a CI clone, say)."""
     checkout = Path(tempfile.mkdtemp(dir="/tmp"))
+    checkout.chmod(0o755)  # as a clone would be (mkdtemp makes it private to its owner)
     try:
-        monkeypatch.setattr(sys, "path", [*sys.path, str(checkout), str(checkout / "sub")])
         (checkout / "sub").mkdir()
-        args = isolation.bwrap_args(keep_caps=False)
-        binds = [args[i + 1] for i, a in enumerate(args) if a == "--ro-bind"]
-        assert str(checkout) in binds and str(checkout / "sub") not in binds  # nested paths bound once
-        assert args.index("--tmpfs") < args.index(str(checkout))  # bound after /tmp is replaced
+        (checkout / "sub" / "mark.txt").write_text("visible")
+        monkeypatch.setattr(sys, "path", [*sys.path, str(checkout), str(checkout / "sub")])
+        with LocalSandbox(prefork=1) as sb:
+            code = (f"import os\nprint(open('{checkout}/sub/mark.txt').read(), os.listdir('/tmp'))\n"
+                    f"open('{checkout}/written.txt', 'w')")
+            result = run(sb, code)
+        assert result.stdout.strip() == f"visible ['{checkout.name}']", result
+        assert "Read-only file system" in result.output and not (checkout / "written.txt").exists()
     finally:
         shutil.rmtree(checkout)

@@ -307,11 +307,14 @@ class Server:
         self.sessions[name] = session
         return session
 
-    def _is_cell(self, pid: int, head: Child) -> bool:
-        """The status pipe is writable by cell code, so check a reported pid before trusting or signalling it."""
+    def _is_cell(self, pid: int, head: Child, *, gone_ok: bool = False) -> bool:
+        """The status pipe is writable by cell code, so check a reported pid before trusting or signalling it.
+        `gone_ok`: a quick cell may have ended (and been reaped) before we look."""
         try:
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            return gone_ok and pid > 0
         except (OSError, IndexError):
             return False
         parent, group, sid = int(fields[1]), int(fields[2]), int(fields[3])
@@ -346,14 +349,15 @@ class Server:
                 line = await asyncio.wait_for(session.status.readline(), max(0.0, deadline - time.perf_counter()) + 5)
                 cell_pid = int(line.split()[1])
                 # A quick cell may already have taken over, its head gone and the zygote its parent.
-                if not line.startswith(b"C ") or not self._is_cell(cell_pid, head):
+                if not line.startswith(b"C ") or not self._is_cell(cell_pid, head, gone_ok=True):
                     raise ValueError(f"unexpected report from the session head: {line!r}")
                 try:
                     line = await asyncio.wait_for(session.status.readline(), max(0.0, deadline - time.perf_counter()))
                 except asyncio.TimeoutError:
                     timed_out = True
-                    with contextlib.suppress(OSError):
-                        os.killpg(cell_pid, signal.SIGKILL)
+                    if self._is_cell(cell_pid, head):
+                        with contextlib.suppress(OSError):
+                            os.killpg(cell_pid, signal.SIGKILL)
                     line = await asyncio.wait_for(session.status.readline(), 2.0)
             except (asyncio.TimeoutError, OSError, ValueError, IndexError) as exc:
                 problem = f" ({type(exc).__name__}: {exc})"
@@ -462,7 +466,8 @@ class Server:
         loop.add_reader(self.zygote.fileno(), self._on_zygote)
         listener = socket.socket(fileno=self.config.listen_fd)
         server = await asyncio.start_unix_server(self.handle, sock=listener, backlog=1024)
-        self._schedule_refill()
+        self.refilling = True
+        await self._refill()  # the first calls find their children waiting
         print("ready " + json.dumps(self.layers), flush=True)
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
