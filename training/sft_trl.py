@@ -1,6 +1,6 @@
 """Cold-start SFT (ReTool's first stage) with TRL's SFTTrainer, on data replayed through ReTool-Env.
 
-Every example is a solution replayed turn by turn through `ToolEnvironment` (`retool_env.data.coldstart`): the
+Every example is a solution replayed turn by turn through `ToolEnvironment` (`retool_env.coldstart`): the
 environment runs the code (or, for ReTool-SFT, answers with the recorded interpreter outputs), inserts the
 interpreter's answer and grades the result. The SFT example is that trajectory's tokens, exactly what RL produces,
 and the loss covers only the tokens the model wrote: the prompt and every interpreter/tool token are masked, as the
@@ -62,7 +62,8 @@ class DataArguments:
 
 def coldstart_rows(data_args: DataArguments, tokenizer) -> list[dict]:
     """Replayed cold-start rows (`input_ids`, `assistant_masks`, id, level, kind, ...) for the data arguments."""
-    from retool_env.data import arith_solutions, arith_split, build_coldstart, load_retool_sft, retool_sft_solutions
+    from retool_env.coldstart import arith_solutions, build_coldstart, retool_sft_solutions
+    from retool_env.data import arith_split, load_retool_sft
 
     if data_args.dataset == "arith":  # procedural solutions written here, their code run in the sandbox
         problems = arith_split(data_args.dataset_split, data_args.dataset_limit, data_args.levels)
