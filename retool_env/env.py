@@ -20,7 +20,7 @@ from retool_env.grading import Grade, agrade
 from retool_env.prompts import get_prompt, render_prompt
 from retool_env.rewards import EpisodeStats, get_reward_fn
 from retool_env.sandbox import ExecResult, Sandbox, make_sandbox
-from retool_env.trajectory import ToolCallRecord, Trajectory
+from retool_env.trajectory import ToolCallRecord, ToolStatus, Trajectory
 
 EMPTY_OUTPUT = "(no output)"
 _shared_sandboxes: dict[str, Sandbox] = {}
@@ -247,7 +247,7 @@ class ToolEnvironment(gym.Env):
             traj.finish_reason = "max_completion_tokens" if overrun else "answer"
             return overrun
         if traj.num_tool_calls + sum(c.code is not None for c in parsed.tool_calls) > self.max_tool_calls:
-            traj.tool_calls.extend(ToolCallRecord(c.code, "", "skipped", turn=turn) for c in parsed.tool_calls)
+            traj.tool_calls.extend(ToolCallRecord(c.code, "", ToolStatus.SKIPPED, turn=turn) for c in parsed.tool_calls)
             traj.finish_reason = "max_tool_calls"
             return True
         return _PendingTools(parsed, turn)
@@ -277,7 +277,7 @@ class ToolEnvironment(gym.Env):
         outputs, records = [], []
         for call, result in zip(pending.parsed.tool_calls, results, strict=True):
             if isinstance(result, str):  # a call that could not be parsed: tell the model what was wrong
-                text, status, duration = f"Error: {result}", "invalid", 0.0
+                text, status, duration = f"Error: {result}", ToolStatus.INVALID, 0.0
             else:
                 text, status, duration = result.output or EMPTY_OUTPUT, result.status, result.duration
             text = clip_tokens(text, self.tokenizer, self.max_observation_tokens)
@@ -304,12 +304,12 @@ class ToolEnvironment(gym.Env):
         return np.zeros(0, dtype=np.int64), traj.reward, not truncated, truncated, self._info()
 
     def episode_stats(self) -> EpisodeStats:
-        traj = self.trajectory
+        traj, tools = self.trajectory, self.trajectory.tool_stats()
         return EpisodeStats(
-            num_tool_calls=traj.num_tool_calls,
+            num_tool_calls=tools.executed,
             num_turns=traj.num_turns,
-            num_tool_errors=sum(c.status not in ("ok", "skipped") for c in traj.tool_calls),
-            num_tool_timeouts=sum(c.status == "timeout" for c in traj.tool_calls),
+            num_tool_errors=tools.failed + tools.invalid,
+            num_tool_timeouts=tools.timeouts,
             truncated=traj.truncated,
             finish_reason=traj.finish_reason,
         )
