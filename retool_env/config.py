@@ -57,9 +57,10 @@ class EnvConfig:
             raise ValueError("token budgets must be positive and max_tool_calls non-negative")
 
     @classmethod
-    def from_settings(cls, settings: Any) -> EnvConfig:
-        """The EnvConfig fields of any object that has them (a script's arguments dataclass that extends EnvConfig)."""
-        return cls(**{f.name: getattr(settings, f.name) for f in fields(cls)})
+    def from_settings(cls, settings: Any, **overrides: Any) -> EnvConfig:
+        """The EnvConfig fields of any object that has them (a script's arguments dataclass that extends EnvConfig),
+        with `overrides` replacing some."""
+        return cls(**{**{f.name: getattr(settings, f.name) for f in fields(cls)}, **overrides})
 
     # A mapping of ToolEnvironment's keyword arguments: `ToolEnvironment(tokenizer, dataset, **config)`.
     def keys(self) -> Iterator[str]:
