@@ -53,8 +53,6 @@ class EnvConfig:
         if isinstance(self.reward_kwargs, str):  # from the command line
             self.reward_kwargs = json.loads(self.reward_kwargs)
         self.reward_kwargs = dict(self.reward_kwargs or {})
-        if min(self.max_completion_tokens, self.max_observation_tokens) < 1 or self.max_tool_calls < 0:
-            raise ValueError("token budgets must be positive and max_tool_calls non-negative")
 
     @classmethod
     def from_settings(cls, settings: Any, **overrides: Any) -> EnvConfig:

@@ -151,6 +151,8 @@ class ToolEnvironment(gym.Env):
         if render_mode not in (None, "ansi"):
             raise ValueError(f"render_mode must be None or 'ansi', not {render_mode!r}")
         config = EnvConfig(**config)  # the defaults, and a TypeError naming any unknown argument
+        if min(config.max_completion_tokens, config.max_observation_tokens) < 1 or config.max_tool_calls < 0:
+            raise ValueError("token budgets must be positive and max_tool_calls non-negative")
         self.tokenizer = load_tokenizer(tokenizer)
         self.problems = load_dataset_problems(dataset, split=split)
         self.config = config
