@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 from retool_env.data import Problem
 from retool_env.rollout import Generator, SamplingParams, run_episodes
-from retool_env.trajectory import Trajectory
+from retool_env.trajectory import ToolStatus, Trajectory
 
 T = TypeVar("T")
 
@@ -293,21 +293,24 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
 # ------------------------------------------------------------------------------------------------------- metrics
 def episode_metrics(trajectories: Sequence[Trajectory]) -> dict[str, list[float]]:
     """Per-episode (and per-tool-call, for rates) values of the `retool/*` metrics; failed episodes count only in
-    `retool/aborted`."""
+    `retool/aborted`. Episode counts come from `Trajectory.tool_stats`; the rates are over the calls that were run or
+    rejected (`ToolStatus.SKIPPED` excluded): `tool_error_rate` counts every call that did not end `ok` (failed,
+    timed out or invalid), `tool_timeout_rate` and `tool_invalid_rate` their own status."""
     done = [t for t in trajectories if not t.aborted and t.completion_ids]
-    calls = [c for t in done for c in t.tool_calls if c.status != "skipped"]
+    stats = [t.tool_stats() for t in done]
+    statuses = [c.status for t in done for c in t.tool_calls if c.status != ToolStatus.SKIPPED]
     metrics: dict[str, list[float]] = {
         "retool/aborted": [float(t.aborted or not t.completion_ids) for t in trajectories],
-        "retool/tool_calls_per_episode": [float(t.num_tool_calls) for t in done],
+        "retool/tool_calls_per_episode": [float(s.executed) for s in stats],
         "retool/turns": [float(t.num_turns) for t in done],
         "retool/truncation_rate": [float(t.truncated) for t in done],
         "retool/accuracy": [float(bool(t.correct)) for t in done],
         "retool/strict_accuracy": [float(bool(t.strict_correct)) for t in done],
         "retool/response_length": [float(len(t.completion_ids)) for t in done],
-        "retool/used_tool": [float(t.num_tool_calls > 0) for t in done],
-        "retool/tool_error_rate": [float(c.status != "ok") for c in calls],
-        "retool/tool_timeout_rate": [float(c.status == "timeout") for c in calls],
-        "retool/tool_invalid_rate": [float(c.status == "invalid") for c in calls],
+        "retool/used_tool": [float(s.executed > 0) for s in stats],
+        "retool/tool_error_rate": [float(status != ToolStatus.OK) for status in statuses],
+        "retool/tool_timeout_rate": [float(status == ToolStatus.TIMEOUT) for status in statuses],
+        "retool/tool_invalid_rate": [float(status == ToolStatus.INVALID) for status in statuses],
     }
     return {name: values for name, values in metrics.items() if values}
 

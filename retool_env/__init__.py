@@ -14,6 +14,7 @@ from gymnasium.envs.registration import register
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "EnvConfig": "retool_env.config",
     "ToolEnvironment": "retool_env.env",
     "make_env_factory": "retool_env.env",
     "Trajectory": "retool_env.trajectory",

@@ -65,20 +65,10 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _eval(eval_args: Sequence[str]) -> int:
-    """Run training/eval.py of the source checkout (it needs the `train` extra for Hugging Face generation)."""
-    import importlib.util
-    from pathlib import Path
+    """`retool_adapters.eval_cli`: the generation backends live with the adapters (the `train` extra for hf)."""
+    from retool_adapters.eval_cli import main as eval_main
 
-    script = Path(__file__).resolve().parent.parent / "training" / "eval.py"
-    if not script.exists():
-        print("retool-env eval runs training/eval.py from a source checkout (pip install -e .); none found at "
-              f"{script}", file=sys.stderr)
-        return 2
-    spec = importlib.util.spec_from_file_location("retool_training_eval", script)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
-    spec.loader.exec_module(module)
-    module.main(list(eval_args))
+    eval_main(list(eval_args))
     return 0
 
 
@@ -102,16 +92,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="strict: fail when any isolation layer is missing")
     doctor.set_defaults(func=_doctor)
 
-    evaluate = commands.add_parser("eval", help="evaluate a model (training/eval.py; --help for its options)",
+    evaluate = commands.add_parser("eval", help="evaluate a model (retool_adapters.eval_cli; --help for its options)",
                                    add_help=False)
-    evaluate.add_argument("eval_args", nargs=argparse.REMAINDER, help="arguments for training/eval.py")
+    evaluate.add_argument("eval_args", nargs=argparse.REMAINDER, help="arguments of the evaluation")
     evaluate.set_defaults(func=lambda args: _eval(args.eval_args))
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["eval"]:  # everything after `eval` belongs to training/eval.py, --help included
+    if argv[:1] == ["eval"]:  # everything after `eval` belongs to the evaluation, --help included
         return _eval(argv[1:])
     args = build_parser().parse_args(argv)
     return args.func(args)

@@ -13,13 +13,14 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from retool_env.config import EnvConfig
 from retool_env.data import Problem
-from retool_env.formats import ParsedAction, ToolCall, ToolFormat, clip_tokens, make_format
+from retool_env.formats import ParsedAction, ToolCall, clip_tokens, make_format
 from retool_env.grading import Grade, agrade
-from retool_env.prompts import PromptTemplate, get_prompt, render_prompt
-from retool_env.rewards import EpisodeStats, RewardFn, get_reward_fn
+from retool_env.prompts import get_prompt, render_prompt
+from retool_env.rewards import EpisodeStats, get_reward_fn
 from retool_env.sandbox import ExecResult, Sandbox, make_sandbox
-from retool_env.trajectory import ToolCallRecord, Trajectory
+from retool_env.trajectory import ToolCallRecord, ToolStatus, Trajectory
 
 EMPTY_OUTPUT = "(no output)"
 _shared_sandboxes: dict[str, Sandbox] = {}
@@ -127,7 +128,9 @@ class ToolEnvironment(gym.Env):
     `retool_env.prompts.PROMPTS` or a PromptTemplate; default: the format's),
     `sandbox` ("local", a SandboxFusion URL, or a Sandbox), `reward` (a scheme name or callable) and
     `reward_kwargs`, the budgets above, `tool_timeout` (seconds per call), `stateful` (variables persist between an
-    episode's calls), `render_mode` ("ansi"), `vocab_size` (defaults to the tokenizer's length).
+    episode's calls): the fields of `retool_env.config.EnvConfig`, which declares their defaults, so
+    `ToolEnvironment(tokenizer, dataset, **config)` takes an EnvConfig. Besides: `render_mode` ("ansi"),
+    `vocab_size` (defaults to the tokenizer's length).
 
     ## Version History
     * v0: initial version.
@@ -140,37 +143,29 @@ class ToolEnvironment(gym.Env):
         tokenizer: Any,
         dataset: Any = None,
         *,
-        tool_format: str | ToolFormat = "hermes",
-        prompt: str | PromptTemplate | None = None,
-        sandbox: str | Sandbox = "local",
-        reward: str | RewardFn = "retool",
-        reward_kwargs: Mapping[str, Any] | None = None,
-        max_tool_calls: int = 8,
-        max_completion_tokens: int = 4096,
-        max_observation_tokens: int = 512,
-        max_turn_tokens: int | None = None,
-        tool_timeout: float = 5.0,
-        stateful: bool = False,
         split: str | None = None,
         render_mode: str | None = None,
         vocab_size: int | None = None,
+        **config: Any,
     ) -> None:
         if render_mode not in (None, "ansi"):
             raise ValueError(f"render_mode must be None or 'ansi', not {render_mode!r}")
-        if min(max_completion_tokens, max_observation_tokens) < 1 or max_tool_calls < 0:
+        config = EnvConfig(**config)  # the defaults, and a TypeError naming any unknown argument
+        if min(config.max_completion_tokens, config.max_observation_tokens) < 1 or config.max_tool_calls < 0:
             raise ValueError("token budgets must be positive and max_tool_calls non-negative")
         self.tokenizer = load_tokenizer(tokenizer)
         self.problems = load_dataset_problems(dataset, split=split)
-        self.format = make_format(tool_format, self.tokenizer)
-        self.prompt = get_prompt(prompt or self.format.default_prompt)
-        self.sandbox = shared_sandbox(sandbox) if isinstance(sandbox, str) else sandbox
-        self.reward_fn = get_reward_fn(reward, **dict(reward_kwargs or {}))
-        self.max_tool_calls = max_tool_calls
-        self.max_completion_tokens = max_completion_tokens
-        self.max_observation_tokens = max_observation_tokens
-        self.max_turn_tokens = max_turn_tokens
-        self.tool_timeout = tool_timeout
-        self.stateful = stateful
+        self.config = config
+        self.format = make_format(config.tool_format, self.tokenizer)
+        self.prompt = get_prompt(config.prompt or self.format.default_prompt)
+        self.sandbox = shared_sandbox(config.sandbox) if isinstance(config.sandbox, str) else config.sandbox
+        self.reward_fn = get_reward_fn(config.reward, **config.reward_kwargs)
+        self.max_tool_calls = config.max_tool_calls
+        self.max_completion_tokens = config.max_completion_tokens
+        self.max_observation_tokens = config.max_observation_tokens
+        self.max_turn_tokens = config.max_turn_tokens
+        self.tool_timeout = config.tool_timeout
+        self.stateful = config.stateful
         self.render_mode = render_mode
         self.vocab_size = vocab_size or len(self.tokenizer)
         self.action_space = spaces.Sequence(spaces.Discrete(self.vocab_size), stack=True)
@@ -254,7 +249,7 @@ class ToolEnvironment(gym.Env):
             traj.finish_reason = "max_completion_tokens" if overrun else "answer"
             return overrun
         if traj.num_tool_calls + sum(c.code is not None for c in parsed.tool_calls) > self.max_tool_calls:
-            traj.tool_calls.extend(ToolCallRecord(c.code, "", "skipped", turn=turn) for c in parsed.tool_calls)
+            traj.tool_calls.extend(ToolCallRecord(c.code, "", ToolStatus.SKIPPED, turn=turn) for c in parsed.tool_calls)
             traj.finish_reason = "max_tool_calls"
             return True
         return _PendingTools(parsed, turn)
@@ -284,7 +279,7 @@ class ToolEnvironment(gym.Env):
         outputs, records = [], []
         for call, result in zip(pending.parsed.tool_calls, results, strict=True):
             if isinstance(result, str):  # a call that could not be parsed: tell the model what was wrong
-                text, status, duration = f"Error: {result}", "invalid", 0.0
+                text, status, duration = f"Error: {result}", ToolStatus.INVALID, 0.0
             else:
                 text, status, duration = result.output or EMPTY_OUTPUT, result.status, result.duration
             text = clip_tokens(text, self.tokenizer, self.max_observation_tokens)
@@ -311,12 +306,12 @@ class ToolEnvironment(gym.Env):
         return np.zeros(0, dtype=np.int64), traj.reward, not truncated, truncated, self._info()
 
     def episode_stats(self) -> EpisodeStats:
-        traj = self.trajectory
+        traj, tools = self.trajectory, self.trajectory.tool_stats()
         return EpisodeStats(
-            num_tool_calls=traj.num_tool_calls,
+            num_tool_calls=tools.executed,
             num_turns=traj.num_turns,
-            num_tool_errors=sum(c.status not in ("ok", "skipped") for c in traj.tool_calls),
-            num_tool_timeouts=sum(c.status == "timeout" for c in traj.tool_calls),
+            num_tool_errors=tools.failed + tools.invalid,
+            num_tool_timeouts=tools.timeouts,
             truncated=traj.truncated,
             finish_reason=traj.finish_reason,
         )

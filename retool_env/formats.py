@@ -5,8 +5,10 @@
 `<code>```python ...```</code>` (generation stops at `</code>`), the result inline as `<interpreter>...</interpreter>`
 inside the same assistant turn, the final answer in `<answer>\\boxed{...}</answer>`.
 
-A format never re-tokenizes the model's action: it parses the decoded text, then produces only the tokens the
-environment appends (a closing token the model did not emit, and the observation), all with mask 0.
+A format owns both directions. Reading: it never re-tokenizes the model's action; it parses the decoded text, then
+produces only the tokens the environment appends (a closing token the model did not emit, and the observation), all
+with mask 0. Writing: `call_text`, `answer_text` and `model_turns` give the text a model writes in the format, which
+cold-start data replays through the environment and adapters hand to their frameworks.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import dataclasses
 import json
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,10 +89,13 @@ def decode(tokenizer: Any, ids: list[int], skip_special_tokens: bool = False) ->
 
 
 class ToolFormat(ABC):
-    """Parses actions and renders observations for one tool-calling convention and tokenizer."""
+    """Parses actions and renders observations for one tool-calling convention and tokenizer, and writes the text a
+    model produces in it (`call_text`, `answer_text`, `model_turns`; these need no tokenizer: call them on the class)."""
 
     name: str
     default_prompt: str
+    call_glue: str  # between a turn's text and its tool call
+    call_ends_turn: bool  # the model ends its turn after a tool call (else generation stops at a stop string)
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
@@ -128,6 +134,36 @@ class ToolFormat(ABC):
     @abstractmethod
     def observation_ids(self, outputs: list[str]) -> list[int]:
         """Tokens that follow the model's turn: the rendered interpreter outputs, ready for the next generation."""
+
+    @staticmethod
+    @abstractmethod
+    def call_text(code: str) -> str:
+        """One tool call running `code`, as the model writes it."""
+
+    @staticmethod
+    def answer_text(answer: str) -> str:
+        """The final answer (`\\boxed{...}`), as the model writes it."""
+        return answer
+
+    @classmethod
+    def model_turns(cls, segments: Iterable[Any], end_of_turn: str) -> list[str]:
+        """The text of each model turn of a worked solution (segments with a `kind` and `content`, as
+        `retool_env.data.sft.Segment`), split after every tool call; interpreter segments are the environment's part. A turn that calls the tool ends as the format's generation stops there; the last
+        one, the answer, with `end_of_turn`."""
+        turns: list[str] = []
+        text: list[str] = []
+        for segment in segments:
+            if segment.kind == "code":
+                body = "\n\n".join(text)
+                call = (cls.call_glue if body else "") + cls.call_text(segment.content)
+                turns.append(body + call + (end_of_turn if cls.call_ends_turn else ""))
+                text = []
+            elif segment.kind == "answer":
+                text.append(cls.answer_text(segment.content))
+            elif segment.kind == "text":
+                text.append(segment.content)
+        turns.append("\n\n".join(text) + end_of_turn)
+        return turns
 
 
 def _escape_raw_control_chars(text: str) -> str:
@@ -181,6 +217,8 @@ class HermesFormat(ToolFormat):
 
     name = "hermes"
     default_prompt = "slime"
+    call_glue = "\n"
+    call_ends_turn = True
     _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
     _DUMMY = "<<retool-env-dummy>>"
 
@@ -228,6 +266,12 @@ class HermesFormat(ToolFormat):
         return ParsedAction((), complete=False)
 
     @staticmethod
+    def call_text(code: str) -> str:
+        # Exactly how Qwen's chat template renders an assistant tool call, so SFT teaches the template's own layout.
+        arguments = json.dumps({"code": code}, ensure_ascii=False)
+        return f'<tool_call>\n{{"name": "{TOOL_NAME}", "arguments": {arguments}}}\n</tool_call>'
+
+    @staticmethod
     def _tool_turn(output: str) -> dict[str, str]:
         return {"role": "tool", "name": TOOL_NAME, "content": output}
 
@@ -270,6 +314,8 @@ class ReToolFormat(ToolFormat):
 
     name = "retool"
     default_prompt = "retool"
+    call_glue = "\n\n"
+    call_ends_turn = False
     _CODE = re.compile(r"<code>(.*?)(?:</code>\s*)?$", re.DOTALL)
 
     @property
@@ -294,18 +340,36 @@ class ReToolFormat(ToolFormat):
 
     def observation_ids(self, outputs: list[str]) -> list[int]:
         (output,) = outputs
-        return self.encode("\n<interpreter>\n" + output.rstrip("\n") + "\n</interpreter>\n\n")
+        return self.encode(self.interpreter_text(output))
+
+    @staticmethod
+    def interpreter_text(output: str) -> str:
+        """The interpreter's answer as the environment inserts it after `</code>`."""
+        return "\n<interpreter>\n" + output.rstrip("\n") + "\n</interpreter>\n\n"
+
+    @staticmethod
+    def call_text(code: str) -> str:
+        return f"<code>\n```python\n{code}\n```\n</code>"
+
+    @staticmethod
+    def answer_text(answer: str) -> str:
+        return f"<answer>\n{answer}\n</answer>"
 
 
 FORMATS: dict[str, type[ToolFormat]] = {"hermes": HermesFormat, "retool": ReToolFormat}
 
 
+def format_class(tool_format: str) -> type[ToolFormat]:
+    """The ToolFormat class of a name, for writing text in the format without a tokenizer."""
+    if tool_format not in FORMATS:
+        raise ValueError(f"unknown tool_format {tool_format!r}; choose one of {sorted(FORMATS)}")
+    return FORMATS[tool_format]
+
+
 def make_format(tool_format: str | ToolFormat, tokenizer: Any) -> ToolFormat:
     if isinstance(tool_format, ToolFormat):
         return tool_format
-    if tool_format not in FORMATS:
-        raise ValueError(f"unknown tool_format {tool_format!r}; choose one of {sorted(FORMATS)}")
-    return FORMATS[tool_format](tokenizer)
+    return format_class(tool_format)(tokenizer)
 
 
 def clip_tokens(text: str, tokenizer: Any, max_tokens: int) -> str:

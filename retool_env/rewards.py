@@ -20,8 +20,9 @@ Where the two recipes come from. verl's `recipe/retool` and slime's `examples/re
 
 Options (keyword arguments to `get_reward_fn`, accepted by every built-in scheme):
 
-- `tool_call_cost`: subtracted once per executed tool call from every outcome, right or wrong, so calling the
-  interpreter for `7 * 8` earns a little less than answering directly: tool use becomes a decision.
+- `tool_call_cost`: subtracted once per executed tool call (invalid calls never ran and cost nothing) from every
+  outcome, right or wrong, so calling the interpreter for `7 * 8` earns a little less than answering directly: tool
+  use becomes a decision.
 - `strict`: grade with verl's strict box verdict (`Grade.strict_correct`) instead of the real one, to reproduce
   the verl recipe's rewards exactly for comparison runs.
 
@@ -46,9 +47,9 @@ __all__ = ["REWARD_SCHEMES", "EpisodeStats", "RewardFn", "get_reward_fn"]
 class EpisodeStats:
     """What a reward scheme may know about the episode besides the verdict."""
 
-    num_tool_calls: int = 0  # tool calls the sandbox executed (k); malformed calls that never ran are not counted
+    num_tool_calls: int = 0  # calls the sandbox ran (k, ToolStats.executed); invalid and skipped calls never ran
     num_turns: int = 0  # assistant turns the model generated
-    num_tool_errors: int = 0  # executed calls that raised, crashed or were refused
+    num_tool_errors: int = 0  # calls that did not run cleanly: failed (timeouts included) or invalid
     num_tool_timeouts: int = 0
     truncated: bool = False  # the episode hit a token or turn budget before a final answer
     finish_reason: str = ""

@@ -8,8 +8,68 @@ checked on every append, so a bug shows up where it happens rather than as a sil
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from collections import Counter
+from dataclasses import asdict, dataclass, field, fields
+from enum import Enum
 from typing import Any
+
+
+class ToolStatus(str, Enum):
+    """What became of one tool call. The sandbox's statuses (`ExecResult.status`) say how code that ran ended; the
+    environment adds two for calls that never ran. Plain strings compare equal to the members.
+
+    | status          | ran | failed | meaning                                                              |
+    |-----------------|-----|--------|----------------------------------------------------------------------|
+    | `ok`            | yes | no     | ran to the end, exit code 0                                          |
+    | `error`         | yes | yes    | raised an exception or exited non-zero                               |
+    | `timeout`       | yes | yes    | hit the wall-clock or CPU limit (the model sees the partial output)  |
+    | `memory`        | yes | yes    | hit the memory limit                                                 |
+    | `killed`        | yes | yes    | died of a signal it did not ask for                                  |
+    | `sandbox_error` | yes | yes    | the executor itself failed; the code may not have run                |
+    | `invalid`       | no  | -      | could not be parsed (bad JSON, no code...); the model is told why    |
+    | `skipped`       | no  | -      | over `max_tool_calls`: not run, the episode ends                     |
+    """
+
+    OK = "ok"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    MEMORY = "memory"
+    KILLED = "killed"
+    SANDBOX_ERROR = "sandbox_error"
+    INVALID = "invalid"
+    SKIPPED = "skipped"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+NOT_RUN = frozenset({ToolStatus.INVALID, ToolStatus.SKIPPED})
+
+
+@dataclass(frozen=True)
+class ToolStats:
+    """An episode's tool calls counted by outcome (`Trajectory.tool_stats`); `+` pools episodes. Every report takes
+    its tool metrics from these counts (see `ToolStatus` for the statuses)."""
+
+    calls: int = 0  # every call the model wrote, invalid and skipped ones included
+    executed: int = 0  # calls that ran in the sandbox (every status but invalid and skipped): the reward's k
+    failed: int = 0  # executed calls that did not end `ok`
+    errors: int = 0  # failed calls that were not timeouts: error, memory, killed, sandbox_error
+    timeouts: int = 0
+    invalid: int = 0
+    skipped: int = 0
+
+    def __add__(self, other: ToolStats) -> ToolStats:
+        return ToolStats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+
+    @classmethod
+    def of(cls, statuses: list[str]) -> ToolStats:
+        count = Counter(statuses)
+        executed = sum(n for status, n in count.items() if status not in NOT_RUN)
+        failed = executed - count[ToolStatus.OK]
+        return cls(calls=len(statuses), executed=executed, failed=failed,
+                   errors=failed - count[ToolStatus.TIMEOUT], timeouts=count[ToolStatus.TIMEOUT],
+                   invalid=count[ToolStatus.INVALID], skipped=count[ToolStatus.SKIPPED])
 
 
 @dataclass
@@ -18,7 +78,7 @@ class ToolCallRecord:
 
     code: str | None
     output: str  # the text the model was shown
-    status: str  # an ExecResult status, or "invalid" for a call that could not be parsed, "skipped" over budget
+    status: str  # a ToolStatus
     duration: float = 0.0
     turn: int = 0
 
@@ -30,7 +90,7 @@ class Turn:
     start: int
     end: int
     env_end: int
-    num_tool_calls: int = 0
+    num_tool_calls: int = 0  # calls the model wrote this turn, invalid ones included (ToolStats.calls)
 
 
 @dataclass
@@ -92,10 +152,15 @@ class Trajectory:
         """A failed episode (see `rollout.run_episodes`): it holds no honest training data."""
         return self.finish_reason.startswith("aborted")
 
+    def tool_stats(self) -> ToolStats:
+        """The episode's tool calls counted by outcome: what the environment, the TRL metrics and the evaluation
+        report read."""
+        return ToolStats.of([call.status for call in self.tool_calls])
+
     @property
     def num_tool_calls(self) -> int:
-        """Tool calls that ran code (rejected calls excluded): the k of the ReTool reward."""
-        return sum(call.status not in ("invalid", "skipped") for call in self.tool_calls)
+        """Tool calls that ran code (invalid and skipped calls excluded): the k of the ReTool reward."""
+        return self.tool_stats().executed
 
     @property
     def num_turns(self) -> int:

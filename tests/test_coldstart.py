@@ -9,23 +9,20 @@ from pathlib import Path
 import pytest
 
 from retool_env import ToolEnvironment
-from retool_env.data import (
-    LEVELS,
+from retool_env.coldstart import (
     RecordedSandbox,
-    Segment,
     Solution,
     arith_solution,
     arith_solutions,
     build_coldstart,
-    generate_arith,
-    load_retool_sft,
+    end_of_turn_token,
     model_turns,
     replay,
     replay_solutions,
     retool_sft_solutions,
     sft_features,
 )
-from retool_env.data.coldstart import end_of_turn_token
+from retool_env.data import LEVELS, Segment, generate_arith, load_retool_sft
 
 RETOOL_SFT = Path(__file__).parent / "fixtures" / "data" / "retool" / "train_2000.parquet"
 # One problem of each kind per level: a third tool-free, a third self-correcting, a third plain code.

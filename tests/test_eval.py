@@ -6,7 +6,7 @@ import itertools
 import json
 import math
 import statistics
-import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -16,17 +16,15 @@ from retool_env.rollout import SamplingParams
 from retool_env.trajectory import ToolCallRecord, Trajectory
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "training" / "eval.py"
 CONFIGS = ROOT / "training" / "configs"
 
 
 def eval_script():
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import eval as eval_module
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
-    return eval_module
+    """The evaluation library and its command line, as one namespace."""
+    from retool_adapters import eval_cli
+    from retool_env import evaluation
+
+    return types.SimpleNamespace(**vars(evaluation), main=eval_cli.main, parse_args=eval_cli.parse_args)
 
 
 def sample(pred, gold, *, statuses=(), aborted=False, tokens=10):

@@ -77,12 +77,9 @@ def test_miniature_smoke_writes_run_folder(tmp_path):
 
 
 def miniature_script():
-    sys.path.insert(0, str(ROOT / "training"))
-    try:
-        import miniature
-    finally:
-        sys.path.remove(str(ROOT / "training"))
-    return miniature
+    from training import miniature_report
+
+    return miniature_report
 
 
 def heldout(points):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,11 +16,8 @@ TINY = CONFIGS / "sft_tiny_cpu.yaml"
 
 
 def sft_script():
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import sft_trl
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+    from training import sft_trl
+
     return sft_trl
 
 

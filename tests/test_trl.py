@@ -370,11 +370,8 @@ def test_accelerate_launch_with_lora_trains_saves_and_logs(model_dir, tmp_path):
 
 # --------------------------------------------------------------------------------------------------- the configs
 def grpo_parser():
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import grpo_trl
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+    from training import grpo_trl
+
     return grpo_trl
 
 

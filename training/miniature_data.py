@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from retool_env.data.problem import Problem
+from retool_env.formats import ReToolFormat
 
 HARD_LEVELS = ("multiply", "modpow", "digitsum", "compose")
 LEVELS = ("easy", *HARD_LEVELS)
@@ -92,11 +93,11 @@ def write_problems(problems: Sequence[Problem], path: Path) -> Path:
 # --- cold start ----------------------------------------------------------------------------------------------------
 
 def _code_block(code: str) -> str:
-    return f"<code>\n```python\n{code}\n```\n</code>"
+    return ReToolFormat.call_text(code)
 
 
 def _answer_block(answer: str) -> str:
-    return f"<answer>\n\\boxed{{{answer}}}\n</answer>"
+    return ReToolFormat.answer_text(f"\\boxed{{{answer}}}")
 
 
 def _bug(code: str, rng: random.Random) -> str:

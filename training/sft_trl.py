@@ -1,6 +1,6 @@
 """Cold-start SFT (ReTool's first stage) with TRL's SFTTrainer, on data replayed through ReTool-Env.
 
-Every example is a solution replayed turn by turn through `ToolEnvironment` (`retool_env.data.coldstart`): the
+Every example is a solution replayed turn by turn through `ToolEnvironment` (`retool_env.coldstart`): the
 environment runs the code (or, for ReTool-SFT, answers with the recorded interpreter outputs), inserts the
 interpreter's answer and grades the result. The SFT example is that trajectory's tokens, exactly what RL produces,
 and the loss covers only the tokens the model wrote: the prompt and every interpreter/tool token are masked, as the
@@ -14,7 +14,7 @@ ReTool paper masks interpreter feedback (slime's SFT example trains on it; verl 
         training/sft_trl.py --config training/configs/sft_qwen3_4b_retool.yaml
 
 Arguments come from three dataclasses, read from a YAML file (`--config`) and the command line alike:
-`DataArguments` below, TRL's `SFTConfig` and TRL's `ModelConfig` (LoRA with `--use_peft`).
+`DataArguments` below (`retool_env.EnvConfig` plus the data), TRL's `SFTConfig` and TRL's `ModelConfig` (LoRA with `--use_peft`).
 """
 
 from __future__ import annotations
@@ -24,12 +24,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from retool_env.config import EnvConfig
+
 TINY_CPU_CONFIG = Path(__file__).parent / "configs" / "sft_tiny_cpu.yaml"
 
 
 @dataclass
-class DataArguments:
-    """The cold-start data: where solutions come from, how they are written, and the replaying environment."""
+class DataArguments(EnvConfig):
+    """The cold-start data: where solutions come from, and the environment that replays them (`EnvConfig`: use the
+    tool format and prompt the RL stage will use, and budgets generous enough for the data)."""
 
     dataset: str = field(default="arith", metadata={
         "help": "arith (procedural cold-start solutions written here and run in the sandbox), or ReTool-SFT: "
@@ -43,26 +46,17 @@ class DataArguments:
     text_share: float = field(default=0.2, metadata={"help": "Share of tool-free arith solutions, per level."})
     self_correct_share: float = field(default=0.2, metadata={
         "help": "Share of arith solutions whose first code fails and is fixed after reading the error, per level."})
-    tool_format: str = field(default="retool", metadata={
-        "help": "retool (the paper's <code>/<interpreter>) or hermes (<tool_call> JSON, tool turns of the chat "
-                "template). Use the format the RL stage will use."})
-    prompt: str | None = field(default=None, metadata={
-        "help": "Prompt template (retool, dapo, slime, plain); default: the tool format's own."})
-    sandbox: str = field(default="local", metadata={
-        "help": "Where arith code runs: local (the embedded sandbox) or a SandboxFusion /run_code URL."})
-    tool_timeout: float = field(default=10.0, metadata={"help": "Seconds one tool call may run."})
-    max_tool_calls: int = field(default=32, metadata={"help": "Tool calls allowed per replayed episode."})
     max_completion_tokens: int = field(default=16384, metadata={
-        "help": "Token budget of a replayed episode after the prompt; longer solutions are cut and then dropped."})
-    max_observation_tokens: int = field(default=1024, metadata={
-        "help": "Tokens of one interpreter output kept (head and tail), as the RL environment shows them."})
+        "help": "Token budget of a replayed episode after the prompt: a recorded solution must fit whole (longer "
+                "ones are cut, then dropped), so SFT's default is longer than the environment's."})
     require_correct: bool = field(default=True, metadata={
         "help": "Drop replays the environment does not grade correct (a budget cut the answer off, no answer)."})
 
 
 def coldstart_rows(data_args: DataArguments, tokenizer) -> list[dict]:
     """Replayed cold-start rows (`input_ids`, `assistant_masks`, id, level, kind, ...) for the data arguments."""
-    from retool_env.data import arith_solutions, arith_split, build_coldstart, load_retool_sft, retool_sft_solutions
+    from retool_env.coldstart import arith_solutions, build_coldstart, retool_sft_solutions
+    from retool_env.data import arith_split, load_retool_sft
 
     if data_args.dataset == "arith":  # procedural solutions written here, their code run in the sandbox
         problems = arith_split(data_args.dataset_split, data_args.dataset_limit, data_args.levels)
@@ -70,18 +64,8 @@ def coldstart_rows(data_args: DataArguments, tokenizer) -> list[dict]:
                                     self_correct_share=data_args.self_correct_share)
     else:  # ReTool-SFT's trajectories, answered with their recorded interpreter outputs
         solutions = retool_sft_solutions(load_retool_sft(data_args.dataset, limit=data_args.dataset_limit))
-    rows = build_coldstart(
-        solutions,
-        tokenizer,
-        tool_format=data_args.tool_format,
-        sandbox=data_args.sandbox,
-        require_correct=data_args.require_correct,
-        prompt=data_args.prompt,
-        tool_timeout=data_args.tool_timeout,
-        max_tool_calls=data_args.max_tool_calls,
-        max_completion_tokens=data_args.max_completion_tokens,
-        max_observation_tokens=data_args.max_observation_tokens,
-    )
+    rows = build_coldstart(solutions, tokenizer, require_correct=data_args.require_correct,
+                           **EnvConfig.from_settings(data_args))
     if not rows:
         raise ValueError(f"none of the {len(solutions)} solutions replayed correctly; check the budgets "
                          f"(max_completion_tokens, max_tool_calls) and the tool format")

@@ -5,7 +5,7 @@ outputs and a final `<answer>`; verl's preprocessing turns it into tool-calling 
 `Segment` list, and each renderer says which characters or messages are trained: interpreter output never is, since
 the model did not write it (the ReTool paper masks it from the loss).
 
-For training, `retool_env.data.coldstart` replays these segments through the environment itself
+For training, `retool_env.coldstart` replays these segments through the environment itself
 (`retool_sft_solutions`, `build_coldstart`), so SFT tokens and loss masks are exactly those of an RL trajectory; the
 renderers below produce message-level data for frameworks that tokenize conversations themselves.
 """
@@ -22,29 +22,12 @@ from typing import Any, Literal, cast
 
 from retool_env.data.loaders import HubDataset, hub_rows, local_rows, question_id
 from retool_env.data.text import strip_retool_template
+from retool_env.formats import CODE_INTERPRETER_TOOL, TOOL_NAME, ReToolFormat, strip_code_fences
 
 SegmentKind = Literal["text", "code", "interpreter", "answer"]
 RETOOL_SFT = HubDataset("ReTool-SFT", "JoeYing/ReTool-SFT", "train", local_name="train_2000.parquet")
-TOOL_NAME = "code_interpreter"
-# The tool schema verl's retool recipe advertises (sandbox_fusion_tool_config.yaml).
-CODE_INTERPRETER_TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": TOOL_NAME,
-        "description": "A tool for executing code.",
-        "parameters": {
-            "type": "object",
-            "properties": {"code": {"type": "string", "description": "The code to execute."}},
-            "required": ["code"],
-        },
-    },
-}
-
 _BLOCK = re.compile(r"<(code|interpreter|answer)>(.*?)</\1>", re.DOTALL)
-_FENCE = re.compile(r"\A\s*```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)\n?[ \t]*```\s*\Z", re.DOTALL | re.IGNORECASE)
 _LAST_BOXED = re.compile(r"\\boxed\{(?!.*\\boxed\{).*\Z", re.DOTALL)
-# How the paper's single assistant string lays out each model-written segment.
-_RETOOL_LAYOUT = {"text": "{}", "code": "<code>\n```python\n{}\n```\n</code>", "answer": "<answer>\n{}\n</answer>"}
 
 
 @dataclass(frozen=True)
@@ -76,10 +59,9 @@ class SFTExample:
         return cls(row["question"], tuple(Segment(s["kind"], s["content"]) for s in row["segments"]), row.get("id", ""))
 
 
-def strip_code_fences(code: str) -> str:
-    """The Python inside a ```python fenced block (ReTool wraps every `<code>` body in one); other code unchanged."""
-    match = _FENCE.match(code)
-    return (match.group(1) if match else code).strip("\n")
+def _code(body: str) -> str:
+    """The Python of a `<code>` body or tool call: without its markdown fence and surrounding newlines."""
+    return strip_code_fences(body).strip("\n")
 
 
 def parse_assistant_text(text: str) -> list[Segment]:
@@ -89,7 +71,7 @@ def parse_assistant_text(text: str) -> list[Segment]:
     for match in _BLOCK.finditer(text):
         _append_text(segments, text[position:match.start()])
         kind, body = cast(SegmentKind, match.group(1)), match.group(2)
-        segments.append(Segment(kind, strip_code_fences(body) if kind == "code" else body.strip()))
+        segments.append(Segment(kind, _code(body) if kind == "code" else body.strip()))
         position = match.end()
     _append_text(segments, text[position:])
     return segments
@@ -127,7 +109,7 @@ def parse_retool_sft(row: dict[str, Any]) -> SFTExample:
                 segments += _split_final_answer(content)
                 continue
             segments += parse_assistant_text(content)
-            segments += [Segment("code", strip_code_fences(_call_code(call))) for call in calls]
+            segments += [Segment("code", _code(_call_code(call))) for call in calls]
     return SFTExample(question, tuple(segments), str(row.get("id") or question_id(question)))
 
 
@@ -169,11 +151,12 @@ def to_retool(example: SFTExample, prompt: str | None = None) -> dict[str, Any]:
     pieces: list[tuple[str, bool]] = []
     for segment in example.segments:
         if segment.kind == "interpreter":
-            pieces.append((f"\n<interpreter>\n{segment.content}\n</interpreter>\n\n", False))
+            pieces.append((ReToolFormat.interpreter_text(segment.content), False))
             continue
         if pieces and pieces[-1][1]:  # blank line between model-written pieces
             pieces[-1] = (pieces[-1][0] + "\n\n", True)
-        pieces.append((_RETOOL_LAYOUT[segment.kind].format(segment.content), True))
+        write = {"code": ReToolFormat.call_text, "answer": ReToolFormat.answer_text}.get(segment.kind, str)
+        pieces.append((write(segment.content), True))
     chunks: list[dict[str, Any]] = []
     for text, trainable in pieces:
         if chunks and chunks[-1]["trainable"] == trainable:

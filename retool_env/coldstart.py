@@ -1,8 +1,10 @@
 """Cold-start SFT data made the way RL makes trajectories: model turns replayed through the environment.
 
+This module drives `ToolEnvironment`, so it sits above it (the environment never imports it).
+
 The ReTool paper cold-starts on code-integrated solutions whose interpreter blocks hold real execution output. Here a
 solution is a list of segments (text, code, final answer; see `retool_env.data.sft.Segment`); `model_turns` writes
-them as the text a model would generate in a tool format, and `replay` feeds each turn's token ids to
+them as the text a model would generate in a tool format (the format's own `ToolFormat.model_turns`), and `replay` feeds each turn's token ids to
 `ToolEnvironment.step`. The environment runs the code in its sandbox, inserts the interpreter's answer (mask 0),
 grades the answer and returns the same `Trajectory` RL produces, so SFT tokens, masks and layout come from one code
 path. ReTool-SFT rows keep their recorded interpreter outputs: `RecordedSandbox` answers each call with the next one.
@@ -14,7 +16,6 @@ shares: tool-free ("text"), code ("code"), and code whose first attempt fails an
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import re
@@ -25,7 +26,10 @@ from string import Template
 from typing import Any
 
 from retool_env.data.problem import Problem
-from retool_env.data.sft import TOOL_NAME, Segment, SFTExample
+from retool_env.data.sft import Segment, SFTExample
+from retool_env.env import ToolEnvironment
+from retool_env.formats import format_class
+from retool_env.grading import extract_answer
 from retool_env.sandbox import ExecResult, Sandbox
 from retool_env.trajectory import Trajectory
 
@@ -61,37 +65,13 @@ class Solution:
 # --- model turns ---------------------------------------------------------------------------------------------------
 
 
-def _tool_call_text(code: str, tool_format: str) -> str:
-    if tool_format == "retool":
-        return f"<code>\n```python\n{code}\n```\n</code>"
-    # Exactly how Qwen's chat template renders an assistant tool call, so SFT teaches the template's own layout.
-    arguments = json.dumps({"code": code}, ensure_ascii=False)
-    return f'<tool_call>\n{{"name": "{TOOL_NAME}", "arguments": {arguments}}}\n</tool_call>'
-
-
 def model_turns(segments: Iterable[Segment], tool_format: str, end_of_turn: str) -> list[str]:
-    """The text of each model turn, split after every code block; interpreter segments are the environment's part.
+    """The text of each model turn in a tool format ("retool" or "hermes"): `ToolFormat.model_turns`.
 
     `retool`: a turn ends at `</code>` (the generation stop string), the last one with `<answer>...</answer>` and
     `end_of_turn`. `hermes`: every turn is an assistant message ending with `end_of_turn`, a tool call last.
     """
-    if tool_format not in ("retool", "hermes"):
-        raise ValueError(f"unknown tool format {tool_format!r}; choose 'retool' or 'hermes'")
-    turns: list[str] = []
-    text: list[str] = []
-    for segment in segments:
-        if segment.kind == "code":
-            body = "\n\n".join(text)
-            glue = ("\n\n" if tool_format == "retool" else "\n") if body else ""
-            tail = "" if tool_format == "retool" else end_of_turn
-            turns.append(body + glue + _tool_call_text(segment.content, tool_format) + tail)
-            text = []
-        elif segment.kind == "answer":
-            text.append(f"<answer>\n{segment.content}\n</answer>" if tool_format == "retool" else segment.content)
-        elif segment.kind == "text":
-            text.append(segment.content)
-    turns.append("\n\n".join(text) + end_of_turn)
-    return turns
+    return format_class(tool_format).model_turns(segments, end_of_turn)
 
 
 # --- replay --------------------------------------------------------------------------------------------------------
@@ -133,7 +113,7 @@ def replay(env: Any, solution: Solution) -> Trajectory:
     if isinstance(env.sandbox, RecordedSandbox):
         env.sandbox.load(solution.recorded_outputs or [])
     env.reset(options={"problem": solution.problem})
-    for turn in model_turns(solution.segments, env.format.name, end_of_turn_token(env)):
+    for turn in env.format.model_turns(solution.segments, end_of_turn_token(env)):
         ids = env.tokenizer.encode(turn, add_special_tokens=False)
         _, _, terminated, truncated, _ = env.step({"token_ids": ids, "finish_reason": "stop"})
         if terminated or truncated:
@@ -148,8 +128,6 @@ def replay_solutions(solutions: Sequence[Solution], tokenizer: Any, *, tool_form
     `env_kwargs` go to `ToolEnvironment` (prompt, reward, budgets...). Give recorded data generous budgets
     (`max_completion_tokens`, `max_tool_calls`, `max_observation_tokens`): the environment enforces them as in RL.
     """
-    from retool_env.env import ToolEnvironment  # the environment imports this package: import it when used
-
     problems = [s.problem for s in solutions]
     envs: dict[bool, ToolEnvironment] = {}
     trajectories = []
@@ -208,8 +186,6 @@ def _printed_gold(solution: Solution, traj: Trajectory) -> bool:
 def retool_sft_solutions(examples: Iterable[SFTExample]) -> list[Solution]:
     """ReTool-SFT examples as solutions replayed with their recorded outputs; the gold is their own boxed answer
     (the dataset has no separate gold), so a replay is correct when the answer survives the environment's budgets."""
-    from retool_env.grading import extract_answer
-
     solutions = []
     for example in examples:
         answers = [s.content for s in example.segments if s.kind == "answer"]
@@ -312,7 +288,7 @@ def _solve(problem: Problem) -> tuple[_Recipe, dict[str, str]]:
         if match:
             return recipe, {k: v for k, v in match.groupdict().items() if v is not None}
     raise ValueError(f"no cold-start recipe for problem {problem.id!r}: {problem.question!r} (procedural arith "
-                     f"questions only; add a recipe in retool_env/data/coldstart.py for a new template)")
+                     f"questions only; add a recipe in retool_env/coldstart.py for a new template)")
 
 
 def arith_solution(problem: Problem, kind: str = "code", bug: str = "name_error") -> Solution:

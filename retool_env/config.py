@@ -1,0 +1,70 @@
+"""EnvConfig: the environment's settings, declared once.
+
+`ToolEnvironment(tokenizer, dataset, **config)` takes these fields as keyword arguments, and every training script
+hands the same dataclass to `TrlParser`, so a recipe's YAML file sets the environment the way it sets the trainer:
+
+```python
+from retool_env import EnvConfig, ToolEnvironment
+
+config = EnvConfig(tool_format="retool", max_tool_calls=4, reward_kwargs={"tool_call_cost": 0.05})
+env = ToolEnvironment(tokenizer, problems, **config)
+```
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+@dataclass
+class EnvConfig:
+    """How an episode is played: tool format, prompt, sandbox, reward and budgets (see `ToolEnvironment`).
+
+    `ToolEnvironment` also accepts objects where a name is declared here: a `ToolFormat`, a `PromptTemplate`, a
+    `Sandbox`, a reward callable. The dataclass is a mapping of its fields, so `**config` unpacks it.
+    """
+
+    tool_format: str = field(default="hermes", metadata={
+        "help": "hermes (<tool_call> JSON, results as tool turns of the chat template) or retool (the paper's "
+                "<code>, results inline as <interpreter>)."})
+    prompt: str | None = field(default=None, metadata={
+        "help": "Prompt template (retool, dapo, slime, plain); default: the tool format's own."})
+    sandbox: str = field(default="local", metadata={
+        "help": "local (the embedded fork-server sandbox) or a SandboxFusion /run_code URL."})
+    reward: str = field(default="retool", metadata={
+        "help": "Reward scheme (retool, retool_slime, paper, binary) or a 'package.module:function' path."})
+    reward_kwargs: dict | str | None = field(default=None, metadata={
+        "help": "Keyword arguments of the reward scheme, e.g. {tool_call_cost: 0.05}: a mapping in YAML, JSON on "
+                "the command line."})
+    max_tool_calls: int = field(default=8, metadata={"help": "Executed tool calls allowed per episode."})
+    max_completion_tokens: int = field(default=4096, metadata={
+        "help": "Token budget of an episode after the prompt, model and interpreter tokens together."})
+    max_observation_tokens: int = field(default=512, metadata={
+        "help": "Tokens of one interpreter output shown to the model (head and tail kept)."})
+    max_turn_tokens: int | None = field(default=None, metadata={"help": "Tokens the model may write per turn."})
+    tool_timeout: float = field(default=5.0, metadata={"help": "Seconds one tool call may run."})
+    stateful: bool = field(default=False, metadata={
+        "help": "Keep variables between an episode's tool calls (Jupyter-like)."})
+
+    def __post_init__(self) -> None:
+        if isinstance(self.reward_kwargs, str):  # from the command line
+            self.reward_kwargs = json.loads(self.reward_kwargs)
+        self.reward_kwargs = dict(self.reward_kwargs or {})
+
+    @classmethod
+    def from_settings(cls, settings: Any, **overrides: Any) -> EnvConfig:
+        """The EnvConfig fields of any object that has them (a script's arguments dataclass that extends EnvConfig),
+        with `overrides` replacing some."""
+        return cls(**{**{f.name: getattr(settings, f.name) for f in fields(cls)}, **overrides})
+
+    # A mapping of ToolEnvironment's keyword arguments: `ToolEnvironment(tokenizer, dataset, **config)`.
+    def keys(self) -> Iterator[str]:
+        return iter(f.name for f in fields(EnvConfig))
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in {f.name for f in fields(EnvConfig)}:
+            raise KeyError(name)
+        return getattr(self, name)
