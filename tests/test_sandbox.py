@@ -468,7 +468,7 @@ def test_doctor_probes_see_an_escape_when_isolation_is_off():
 
 
 def test_strict_refuses_to_start_without_a_layer():
-    with pytest.raises(RuntimeError, match="layers missing.*seccomp"):
+    with pytest.raises(RuntimeError, match=r"layers missing.*seccomp"):
         LocalSandbox(seccomp=False, require="strict", prefork=0).start()
     with pytest.raises(ValueError, match="require"):
         LocalSandbox(require="maybe")
