@@ -54,7 +54,7 @@ def _doctor(args: argparse.Namespace) -> int:
         for name in probes.ATTACKS:
             probe = sandbox.run_sync(probes.code(name, home=home, expected_in_home=expected))
             lines = probe.output.strip().splitlines()
-            verdict = "ESCAPED" if any(line.startswith("ESCAPED") for line in lines) else "contained"
+            verdict = "ESCAPED" if probes.escaped(probe.output) else "contained"
             escaped += verdict == "ESCAPED"
             print(f"  {name:<24} {verdict:<9} {(lines or [''])[-1][:80]}")
     root = os.geteuid() == 0

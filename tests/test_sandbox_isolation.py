@@ -102,7 +102,7 @@ def test_host_writes_are_refused(sandbox, tmp_path):
                        for t in targets)
     mount_api = probes.code("new mount API", home="/", expected_in_home=[])
     results = run_all(sandbox, writes, mount_api)
-    assert all("ESCAPED" not in r.output for r in results), results
+    assert not any(probes.escaped(r.output) for r in results), results
     assert not [t for t in targets if t.exists()]
 
 
@@ -230,13 +230,18 @@ print('returned')
     server = sandbox.server_pid
     before = tree(server)
     result = sandbox.run_sync(code, session="fork-bomb")
-    assert "returned" in result.stdout
+    assert result.status in ("ok", "error", "sandbox_error"), result  # a forged report may cut its output short
     time.sleep(0.5)
     after = tree(server)
     # One new process at most (the session's head, stopped between calls); nothing left running.
-    assert len(after) <= len(before) + 1, (before, after)
+    alive = {pid: state for pid, state in after.items() if state != "Z"}  # killed, reaped when the head resumes
+    assert len(alive) <= len(before) + 1, (before, after)
     assert [pid for pid, state in after.items() if state == "R"] == []
-    assert sandbox.run_sync("print('next')", session="fork-bomb").stdout == "next\n"
+    # The cell forged its head's reports: that may cost its own session (a session is as trusted as its code),
+    # never a hang, and a fresh session follows.
+    forged = sandbox.run_sync("print('next')", session="fork-bomb", timeout=2)
+    assert forged.status in ("ok", "error", "sandbox_error", "timeout"), forged
+    assert sandbox.run_sync("print('again')", session="fork-bomb").stdout == "again\n"
     asyncio.run(sandbox.close_session("fork-bomb"))
 
 
@@ -253,15 +258,16 @@ def test_close_leaves_no_process():
 
 
 def test_tmp_and_shm_are_private_and_bounded(sandbox):
-    fill = "block = b'x' * (64 << 20)\nwith open('/tmp/fill', 'wb') as f:\n    for _ in range(24): f.write(block)"
+    fill = "block = b'x' * (48 << 20)\nfor i in range(32):\n    open(f'/tmp/fill{i}', 'wb').write(block)"
     filled = sandbox.run_sync(fill)
-    assert filled.status in ("error", "memory", "killed"), filled  # 1.5 GB against 256 MB
+    assert filled.status in ("error", "memory", "killed"), filled  # 1.5 GB of files against 256 MB
     assert "No space left" in filled.output or filled.status in ("memory", "killed")
-    marks = "open('/tmp/mark', 'w').write('m'); open('/dev/shm/mark', 'w').write('m')"
+    mark = f"mark-{secrets.token_hex(4)}"
+    marks = f"open('/tmp/{mark}', 'w').write('m'); open('/dev/shm/{mark}', 'w').write('m')"
     look = "import os\nprint(os.listdir('/tmp'), os.listdir('/dev/shm'))"
     assert sandbox.run_sync(marks).ok
     assert sandbox.run_sync(look).stdout == "[] []\n"
-    assert not os.path.exists("/dev/shm/mark")
+    assert not os.path.exists(f"/dev/shm/{mark}")
 
 
 def test_every_doctor_attack_is_contained(sandbox):
@@ -269,4 +275,4 @@ def test_every_doctor_attack_is_contained(sandbox):
     expected = sorted({p[len(home) + 1:].split("/")[0] for p in python_paths() if p.startswith(home + "/")})
     codes = [probes.code(name, home=home, expected_in_home=expected) for name in probes.ATTACKS]
     for name, result in zip(probes.ATTACKS, run_all(sandbox, *codes), strict=True):
-        assert "ESCAPED" not in result.output, (name, result.output)
+        assert not probes.escaped(result.output), (name, result.output)

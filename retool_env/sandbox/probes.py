@@ -49,3 +49,8 @@ ATTACKS: dict[str, str] = {
 
 def code(name: str, *, home: str, expected_in_home: list[str]) -> str:
     return _PRELUDE + ATTACKS[name].format(home=home, expected=expected_in_home)
+
+
+def escaped(output: str) -> bool:
+    """Whether a probe's output reports a working attack (a traceback quoting the probe's source does not)."""
+    return any(line.startswith("ESCAPED") for line in output.splitlines())
