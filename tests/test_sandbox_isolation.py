@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from retool_env.sandbox import LocalSandbox, probes
+from retool_env.sandbox import LocalSandbox, isolation, probes
 from retool_env.sandbox.isolation import python_paths
 
 pytestmark = pytest.mark.timeout(180)
@@ -53,6 +53,13 @@ def tree(pid: int) -> dict[int, str]:
         frontier = {child for child, parent in parents.items() if parent in frontier}
         found |= {p: states[p] for p in frontier}
     return found
+
+
+@pytest.mark.skipif(not shutil.which("bwrap"), reason="bubblewrap is not installed")
+def test_every_required_layer_is_on(sandbox):
+    """As root every layer; unprivileged all but a uid per call and cgroups (which need root)."""
+    rows = sandbox.layers()
+    assert [row for row in isolation.required(rows, root=ROOT) if not row.active] == []
 
 
 # -- the host's files ---------------------------------------------------------------------------------------------
