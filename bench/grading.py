@@ -204,7 +204,7 @@ def main() -> None:
     result = {
         "benchmark": "grading",
         "machine": {"platform": platform.platform(), "python": sys.version.split()[0], "cpus": os.cpu_count(),
-                    "pool_workers": grading._default_pool_size(),
+                    "pool_workers": grading.pool.default_pool_size(),
                     "note": "shared development machine; other jobs were running, so treat times as rough"},
         "speed_us": speed,
         "integer_speedup_vs_math_verify": ratio,

@@ -44,7 +44,7 @@ INTEGERS = json.loads((FIXTURES / "integer_answers.json").read_text())
 @pytest.fixture(autouse=True, scope="module")
 def warm_pool() -> None:
     """Start every worker slot up front, so time limits below measure comparisons, not interpreter start-up."""
-    size = grading._default_pool_size()
+    size = grading.pool.default_pool_size()
     with ThreadPoolExecutor(size) as pool:
         list(pool.map(lambda n: is_equivalent(f"\\sqrt{{{n}}}", "x"), range(size)))
 
@@ -282,7 +282,7 @@ def test_timeout_is_counted_not_raised() -> None:
 
 def test_hung_worker_is_killed_and_replaced(monkeypatch: pytest.MonkeyPatch) -> None:
     """When the worker's own alarm cannot fire in time, the caller kills it; the next call gets a fresh worker."""
-    monkeypatch.setattr(grading, "_SOFT_TIMEOUT_FRACTION", 20.0)
+    monkeypatch.setattr(grading.pool, "_SOFT_TIMEOUT_FRACTION", 20.0)
     before = grading_stats()
     start = time.monotonic()
     assert not is_equivalent("9!!!!!!!!", "5", timeout=0.3)
