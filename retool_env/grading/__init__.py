@@ -1,10 +1,26 @@
 """Answer extraction and grading: the reward signal, so a right answer must never be graded wrong.
 
-Three layers, cheapest first:
+Extraction policy (what counts as the model's final answer), applied to the model's own text only:
 
-1. `extract_answer` (extraction.py) takes the model's final answer: the last brace-matched `\\boxed{}` /
-   `\\fbox{}` (preferring the last `<answer>` block), else an `Answer:` line. Code blocks and interpreter output are
-   ignored.
+- Code blocks, `<code>`/`<interpreter>`/tool-call blocks and special tokens are never read: code that prints
+  `\\boxed{42}` earns nothing. When there is an `<answer>` block, only the last one is read.
+- Boxes (`\\boxed{}`, `\\fbox{}`, brace-matched; a truncated box is skipped, a box inside a box is content):
+  several boxes are one answer, joined as math-verify reads them. `\\boxed{1} and \\boxed{2}` is "1, 2" and
+  equals a gold `1,2`; a value boxed twice counts once. Listing alternatives is never rewarded: `\\boxed{1} or
+  \\boxed{2}` is a two-part answer, so it fails a one-part gold `2` (and so does a boxed guess later corrected in
+  a second box: commit to one answer).
+- `Answer:` lines (DAPO's prompt asks for one): the value, not the first symbol. The sentence ends at ". " before a
+  capital letter (Minerva's "I hope it is correct." is dropped); in prose the value follows the last "is", "are" or
+  "equals" (`Final Answer: The largest $n$ is 34.` states 34); a `$...$` span is unwrapped.
+- The last stated final answer wins: an answer line after the last box beats it when it says "Final Answer:" or
+  opens a line (`So \\boxed{255} is the interest. Final Answer: The final answer is $10,455$.` answers 10,455); a
+  box after an answer line beats the line. A mid-sentence "...the answer: we are done" never beats a box.
+- Thousands separators (`10,455`, `10\\,455`, `10{,}455`) are read only in groups of three after a first group of
+  1-3 digits that does not start with 0: `0,111` is not 111.
+
+Three layers grade the extracted answer, cheapest first:
+
+1. `extract_answer` (extraction.py), the policy above.
 2. A fast path in this process (normalization.py): DAPO/Minerva-style normalisation with their known faults fixed
    (spaces, quotes, a trailing period, `\\text{}`, `x=`, units and degrees, `\\dfrac`, Unicode minus, thousands
    separators, leading zeros) and an exact comparison of integers, decimals and fractions. DAPO and AIME answers

@@ -19,9 +19,11 @@ _NOT_ANSWER_TEXT = re.compile(
     r"```.*?(?:```|\Z)|<(code|interpreter|tool_call|tool_response)>.*?(?:</\1>|\Z)", re.DOTALL | re.IGNORECASE
 )
 _ANSWER_BLOCK = re.compile(r"<answer>(.*?)(?:</answer>|\Z)", re.DOTALL | re.IGNORECASE)
-_ANSWER_LINE = re.compile(r"(?i)\banswer\s*(?:\*\*)?\s*[:：]\s*(?:\*\*)?[ \t]*([^\n]*)")
+_ANSWER_LINE = re.compile(r"(?i)(?P<final>\bfinal\s+)?\banswer\s*(?:\*\*)?\s*[:：]\s*(?:\*\*)?[ \t]*(?P<value>[^\n]*)")
+_SENTENCE_END = re.compile(r"\.\s+(?=[A-Z])")  # "7.78. I hope it is correct." ends after 7.78
+_PROSE_VERB = re.compile(r"\b(?:is|are|equals)\b:?\s*")
 _MATH_SPAN = re.compile(r"(?<!\\)\$+((?:[^$\\]|\\.)+?)(?<!\\)\$+")  # "\\$" is a dollar sign, not math
-_MAX_UNBALANCED_BOXES = 8  # bounds the work on hostile text full of unclosed "\boxed{"
+_BOX_OR_BRACE = re.compile(r"(?P<box>\\(?:boxed|fbox)\s*\{)|\\[{}]|(?P<open>\{)|(?P<close>\})")
 
 
 def braced_content(text: str, start: int) -> str | None:
@@ -38,43 +40,81 @@ def braced_content(text: str, start: int) -> str | None:
     return None
 
 
-def _last_box(text: str) -> str | None:
-    """Content of the last closed `\\boxed{}`/`\\fbox{}`; an unclosed (truncated) box is skipped."""
-    starts = [m.end() for m in BOX_OPEN.finditer(text)]
-    for start in reversed(starts[-_MAX_UNBALANCED_BOXES:]):
-        content = braced_content(text, start)
-        if content is not None:
-            return content.strip()
-    return None
+def _boxes(text: str) -> list[tuple[int, str]]:
+    """(position, content) of each closed outermost `\\boxed{}`/`\\fbox{}`, in one linear scan: an unclosed
+    (truncated) box is skipped, a box inside a box is content."""
+    found: list[tuple[int, str]] = []
+    opened: list[tuple[int, int] | None] = []  # per open brace: a box's (position, content start), else None
+    for match in _BOX_OR_BRACE.finditer(text):
+        kind = match.lastgroup
+        if kind == "box":
+            opened.append((match.start(), match.end()))
+        elif kind == "open":
+            opened.append(None)
+        elif kind == "close" and opened:
+            box = opened.pop()
+            if box is not None:
+                while found and found[-1][0] > box[0]:
+                    found.pop()  # closed inside this box: content, not an answer of its own
+                found.append((box[0], text[box[1] : match.start()].strip()))
+    return found
 
 
-def _answer_line(text: str) -> str | None:
-    """The last `Answer: X` line (DAPO's prompt asks for one), with `$...$` and markdown stripped."""
-    matches = _ANSWER_LINE.findall(text)
-    if not matches:
-        return None
-    line = matches[-1][: MAX_ANSWER_CHARS + 1].strip().strip("*").strip()  # longer is rejected anyway
+def _joined(contents: list[str]) -> str:
+    """Several boxes are one answer, as math-verify reads them: `\\boxed{1} and \\boxed{2}` is "1, 2". Repeats of
+    one value count once; different values are never alternatives to choose from (a one-part gold fails)."""
+    distinct: dict[str, str] = {}
+    for content in contents:
+        distinct.setdefault("".join(content.split()).strip("$").rstrip("."), content)
+    return ", ".join(distinct.values())
+
+
+def _line_value(line: str) -> str | None:
+    """The value an `Answer:` line states: `The largest $n$ is 34. I hope it is correct.` states 34."""
+    line = line[: MAX_ANSWER_CHARS + 1].strip().strip("*").strip()  # longer is rejected anyway
+    line = _SENTENCE_END.split(line, maxsplit=1)[0]
+    if line[:1].isalpha():  # prose: the value follows its last "is"
+        stated = None
+        for stated in _PROSE_VERB.finditer(line):  # noqa: B007 - the last one is wanted
+            pass
+        if stated is not None and line[stated.end() :].strip():
+            line = line[stated.end() :]
     span = _MATH_SPAN.search(line)
     if span:
         line = span.group(1)
-    line = line.strip().rstrip(".").strip()
-    return line or None
+    return line.strip().rstrip(".").strip() or None
+
+
+def _final_answer(text: str) -> str | None:
+    """The last stated final answer of `text`: its boxes, unless a final-answer line comes after the last box."""
+    boxes = _boxes(text)
+    line = None
+    for line in _ANSWER_LINE.finditer(text):  # noqa: B007 - the last one is wanted
+        pass
+    if line is not None and (not boxes or line.start() > boxes[-1][0]):
+        stated = _line_value(line.group("value"))
+        before = text[text.rfind("\n", 0, line.start()) + 1 : line.start()]
+        final = line.group("final") or not before.strip(" \t>#*_-")  # "Final Answer:", or "Answer:" opening a line
+        if stated and (not boxes or final):  # "...completes the answer: we are done" does not beat a box
+            return stated
+    return _joined([content for _, content in boxes]) if boxes else None
 
 
 def extract_answer(text: str) -> str | None:
-    """The model's final answer: last `\\boxed{}`/`\\fbox{}` (inside the last `<answer>` block when there is one),
-    else the last `Answer:` line, else None. Code blocks, `<interpreter>` output and special tokens are ignored."""
+    """The model's final answer (the policy is in the package docstring): inside the last `<answer>` block when
+    there is one, its boxes, or the `Answer:` line stated after them, else None. Code blocks, `<interpreter>` output
+    and special tokens are ignored."""
     text = SPECIAL_TOKEN.sub("", _NOT_ANSWER_TEXT.sub("\n", text))
     blocks = _ANSWER_BLOCK.findall(text)
     if blocks:
         block = blocks[-1]
-        found = _last_box(block) or _answer_line(block)
+        found = _final_answer(block)
         if found:
             return found
         bare = block.strip()
         if bare and len(bare) <= MAX_ANSWER_CHARS and "\\boxed" not in bare:
-            return _answer_line("Answer: " + bare.replace("\n", " "))
-    return _last_box(text) or _answer_line(text)
+            return _line_value(bare.replace("\n", " "))
+    return _final_answer(text)
 
 
 def strict_box_correct(text: str, gold: str) -> bool:

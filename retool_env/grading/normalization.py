@@ -10,7 +10,7 @@ from fractions import Fraction
 from .extraction import BOX_OPEN, MAX_ANSWER_CHARS, SPECIAL_TOKEN, braced_content
 
 _UNICODE = {"−": "-", "–": "-", "π": "\\pi", "∞": "\\infty", "°": "^\\circ", "\u00a0": " ", "×": "\\times"}
-_DIGIT_GROUP = re.compile(r"(?<=\d)\\,(?=\d{3}\b)")  # 10\,000
+_DIGIT_GROUP = re.compile(r"(?<=\d)\\,(?=\d{3}\b)")  # 10\,000: a separator, then judged by _THOUSANDS
 _UNESCAPED_DOLLAR = re.compile(r"(?<!\\)\$")
 _SPACING = re.compile(r"\\(?:displaystyle|left|right|quad|qquad|[,;:! ])|~")
 _DELIMITERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
@@ -33,7 +33,8 @@ _UNIT_WORDS = frozenset(
     }
 )
 # fmt: on
-_THOUSANDS = re.compile(r"^[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
+_THOUSANDS = re.compile(r"^[-+]?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?$")  # never a leading "0," group: 0,111 is not 111
+_ZERO_GROUP = re.compile(r"^[-+]?0(?:,\d{3})+(?:\.\d+)?$")
 _INT = re.compile(r"^[-+]?\d+$")
 _DECIMAL = re.compile(r"^[-+]?(?:\d+\.\d*|\.\d+)$")
 _FRAC = re.compile(r"^([-+]?)\\frac\{([-+]?\d+)\}\{([-+]?\d+)\}$")
@@ -80,7 +81,7 @@ def clean(s: str) -> str:
 def normalize_answer(s: str) -> tuple[str, bool]:
     """Canonical string for comparison, and whether a percent sign was dropped (then "0.25" may equal "25\\%")."""
     s = clean(s)
-    s = _DIGIT_GROUP.sub("", s).replace("{,}", ",")
+    s = _DIGIT_GROUP.sub(",", s).replace("{,}", ",")
     s = _SPACING.sub(" ", s).replace("\\$", "")
     for _ in range(3):  # \text{\textbf{x}}
         s = _TEXT.sub(r"\1", s)
@@ -154,6 +155,8 @@ def fast_verdict(pred: str, gold: str) -> Verdict | None:
         return Verdict(False, "rejected")
     if norm_pred == norm_gold:
         return Verdict(True, "exact")
+    if _ZERO_GROUP.match(norm_pred):  # math-verify reads "0\\,111" as 111: a digit group after 0 is no number
+        return Verdict(False, "numeric")
     words = _WORDS.match(norm_pred) and _WORDS.match(norm_gold) and len(norm_gold) > 1
     if words and norm_pred.casefold() == norm_gold.casefold():
         return Verdict(True, "exact")
