@@ -7,6 +7,7 @@ pattern is linear-time on hostile text.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 MAX_ANSWER_CHARS = 1000
 """Longer predictions are rejected unread: no MATH-500 answer is over 160 characters, and sympy can choke on them."""
@@ -60,13 +61,20 @@ def _boxes(text: str) -> list[tuple[int, str]]:
     return found
 
 
-def _joined(contents: list[str]) -> str:
+def _joined(contents: list[str]) -> str | None:
     """Several boxes are one answer, as math-verify reads them: `\\boxed{1} and \\boxed{2}` is "1, 2". Repeats of
     one value count once; different values are never alternatives to choose from (a one-part gold fails)."""
     distinct: dict[str, str] = {}
-    for content in contents:
+    for content in filter(None, contents):
         distinct.setdefault("".join(content.split()).strip("$").rstrip("."), content)
-    return ", ".join(distinct.values())
+    return ", ".join(distinct.values()) or None
+
+
+def _last(matches: Iterator[re.Match[str]]) -> re.Match[str] | None:
+    last = None
+    for last in matches:  # noqa: B007 - only the last one is wanted
+        pass
+    return last
 
 
 def _line_value(line: str) -> str | None:
@@ -74,9 +82,7 @@ def _line_value(line: str) -> str | None:
     line = line[: MAX_ANSWER_CHARS + 1].strip().strip("*").strip()  # longer is rejected anyway
     line = _SENTENCE_END.split(line, maxsplit=1)[0]
     if line[:1].isalpha():  # prose: the value follows its last "is"
-        stated = None
-        for stated in _PROSE_VERB.finditer(line):  # noqa: B007 - the last one is wanted
-            pass
+        stated = _last(_PROSE_VERB.finditer(line))
         if stated is not None and line[stated.end() :].strip():
             line = line[stated.end() :]
     span = _MATH_SPAN.search(line)
@@ -88,16 +94,15 @@ def _line_value(line: str) -> str | None:
 def _final_answer(text: str) -> str | None:
     """The last stated final answer of `text`: its boxes, unless a final-answer line comes after the last box."""
     boxes = _boxes(text)
-    line = None
-    for line in _ANSWER_LINE.finditer(text):  # noqa: B007 - the last one is wanted
-        pass
-    if line is not None and (not boxes or line.start() > boxes[-1][0]):
+    boxed = _joined([content for _, content in boxes])
+    line = _last(_ANSWER_LINE.finditer(text))
+    if line is not None and (boxed is None or line.start() > boxes[-1][0]):
         stated = _line_value(line.group("value"))
         before = text[text.rfind("\n", 0, line.start()) + 1 : line.start()]
         final = line.group("final") or not before.strip(" \t>#*_-")  # "Final Answer:", or "Answer:" opening a line
-        if stated and (not boxes or final):  # "...completes the answer: we are done" does not beat a box
+        if stated and (boxed is None or final):  # "...completes the answer: we are done" does not beat a box
             return stated
-    return _joined([content for _, content in boxes]) if boxes else None
+    return boxed
 
 
 def extract_answer(text: str) -> str | None:
