@@ -18,7 +18,11 @@ def _sandbox_serve(args: argparse.Namespace) -> int:
         print(f"retool-env sandbox serve: --no-auth only on a loopback address or a unix socket, not {args.host}",
               file=sys.stderr)
         return 2
-    token, source = (None, "none") if args.no_auth else server_token(args.token_file)
+    try:
+        token, source = (None, "none") if args.no_auth else server_token(args.token_file)
+    except (OSError, ValueError) as exc:
+        print(f"retool-env sandbox serve: no token: {exc}", file=sys.stderr)
+        return 2
     kwargs = {"timeout": args.timeout, "memory_mb": args.memory_mb, "max_concurrency": args.max_concurrency,
               "isolation": args.isolation}
     options = {"token": token, "token_source": source, "unix_socket": args.unix_socket, "echo": args.echo,

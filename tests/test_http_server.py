@@ -21,7 +21,7 @@ from sandbox_fusion import RunCodeRequest, SummaryMapping, run_code, summary_run
 
 from retool_env.sandbox import LocalSandbox, SandboxFusionSandbox
 from retool_env.sandbox.fusion import TOKEN_ENV
-from retool_env.sandbox.http_server import FusionServer, parse_run_request
+from retool_env.sandbox.http_server import FusionServer, parse_run_request, server_token
 
 pytestmark = pytest.mark.timeout(120)
 TOKEN = "test-token-" + "x" * 20
@@ -222,6 +222,16 @@ def test_no_auth_only_where_only_local_users_reach(served):
     assert post(open_server, {"code": "print(3)"}, token=None).json()["run_result"]["stdout"] == "3\n"
 
 
+def test_where_the_server_token_comes_from(tmp_path, monkeypatch):
+    (tmp_path / "token").write_text("from-file\n")
+    monkeypatch.setenv(TOKEN_ENV, "from-env")
+    assert server_token(str(tmp_path / "token")) == ("from-file", str(tmp_path / "token"))
+    assert server_token() == ("from-env", TOKEN_ENV)
+    monkeypatch.delenv(TOKEN_ENV)
+    (first, source), (second, _) = server_token(), server_token()
+    assert source == "generated" and len(first) >= 32 and first != second
+
+
 def test_our_client_sends_the_token(server, monkeypatch):
     url = f"http://127.0.0.1:{server.port}/run_code"
     monkeypatch.delenv(TOKEN_ENV, raising=False)
@@ -304,6 +314,9 @@ def test_cli_serve_token_from_the_environment_and_no_auth_rules(tmp_path):
     from retool_env.cli import main
 
     assert main(["sandbox", "serve", "--host", "0.0.0.0", "--no-auth"]) == 2
+    (tmp_path / "empty").write_text("\n")
+    assert main(["sandbox", "serve", "--token-file", str(tmp_path / "empty")]) == 2
+    assert main(["sandbox", "serve", "--token-file", str(tmp_path / "missing")]) == 2
     port = free_port()
     env = {**os.environ, TOKEN_ENV: TOKEN}
     proc = subprocess.Popen([sys.executable, "-m", "retool_env.cli", "sandbox", "serve", "--port", str(port), "--echo"],
