@@ -12,9 +12,21 @@ def _sandbox_serve(args: argparse.Namespace) -> int:
     import asyncio
     import signal
 
-    from retool_env.sandbox.http_server import serve
+    from retool_env.sandbox.http_server import is_loopback, serve, server_token
 
-    kwargs = {"timeout": args.timeout, "memory_mb": args.memory_mb, "max_concurrency": args.max_concurrency}
+    if args.no_auth and not (args.unix_socket or is_loopback(args.host)):
+        print(f"retool-env sandbox serve: --no-auth only on a loopback address or a unix socket, not {args.host}",
+              file=sys.stderr)
+        return 2
+    try:
+        token, source = (None, "none") if args.no_auth else server_token(args.token_file)
+    except (OSError, ValueError) as exc:
+        print(f"retool-env sandbox serve: no token: {exc}", file=sys.stderr)
+        return 2
+    kwargs = {"timeout": args.timeout, "memory_mb": args.memory_mb, "max_concurrency": args.max_concurrency,
+              "isolation": args.isolation}
+    options = {"token": token, "token_source": source, "unix_socket": args.unix_socket, "echo": args.echo,
+               "read_timeout": args.read_timeout, "max_inflight_bytes": args.max_inflight_mb << 20}
 
     async def serve_until_signalled() -> None:
         # Ctrl-C and `kill` both stop the server cleanly; set explicitly, because a server started in the background
@@ -23,7 +35,7 @@ def _sandbox_serve(args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, task.cancel)
         with contextlib.suppress(asyncio.CancelledError):
-            await serve(args.host, args.port, isolation=args.isolation, **kwargs)
+            await serve(args.host, args.port, **options, **kwargs)
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve_until_signalled())
@@ -85,6 +97,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--memory-mb", type=int, default=1024, help="default memory limit per call")
     serve.add_argument("--max-concurrency", type=int, default=None, help="calls executing at once (default: CPUs)")
     serve.add_argument("--isolation", default="auto", choices=["auto", "bwrap", "unshare", "none"])
+    serve.add_argument("--unix-socket", default=None, help="listen on this unix socket (mode 0600), not host:port")
+    serve.add_argument("--token-file", default=None,
+                       help="read the bearer token from this file (else $RETOOL_SANDBOX_TOKEN, else a new one, printed)")
+    serve.add_argument("--no-auth", action="store_true",
+                       help="accept calls without a token; only on a loopback host or a unix socket")
+    serve.add_argument("--echo", action="store_true",
+                       help="print the value of a trailing expression, like Jupyter (SandboxFusion never does)")
+    serve.add_argument("--read-timeout", type=float, default=30.0, help="seconds a client may take to send a request")
+    serve.add_argument("--max-inflight-mb", type=int, default=256,
+                       help="request bodies held at once, all connections together (over it: HTTP 503)")
     serve.set_defaults(func=_sandbox_serve)
 
     doctor = commands.add_parser("doctor", help="measure the sandbox's isolation layers and try one attack per class")

@@ -115,7 +115,8 @@ class ToolEnvironment(gym.Env):
     ## Episode End
     Terminated when the model answers (a turn without a tool call). Truncated when a turn is cut off by the token
     budget, when the completion would exceed `max_completion_tokens`, or when a turn would exceed `max_tool_calls`.
-    A truncated episode is still graded on what the model wrote.
+    An action longer than the budget left is clipped to it and ends the episode (`max_completion_tokens`, whatever
+    it holds). A truncated episode is still graded on what the model wrote.
 
     ## Budgets
     `max_tool_calls` (executed calls per episode), `max_completion_tokens` (all tokens after the prompt, model and
@@ -236,18 +237,24 @@ class ToolEnvironment(gym.Env):
             raise RuntimeError("the episode has ended; call reset() to start a new one")
         token_ids, logprobs, finish_reason = self._split_action(action)
         traj = self.trajectory
+        room = self.max_completion_tokens - len(traj.completion_ids)
+        overrun = len(token_ids) > room  # a generator that ignored the budget: keep what fits, then end the episode
+        if overrun:
+            token_ids, logprobs = token_ids[:room], None if logprobs is None else logprobs[:room]
         cut_off = finish_reason == "length" or (finish_reason is None and len(token_ids) >= self._max_new_tokens())
         traj.append_model(token_ids, logprobs)
         parsed = self.format.parse(token_ids)
         self._answer_text = parsed.text  # the model's own text of its latest turn: the only text ever graded
         turn = traj.num_turns
+        if overrun:  # one finish reason, whatever the clipped turn holds
+            traj.finish_reason = "max_completion_tokens"
+            return True
         if not parsed.complete and cut_off:  # the generator ran out of tokens mid-turn
             traj.finish_reason = "length"
             return True
         if parsed.is_final:  # includes a turn that stopped early without an end token: read it as the answer
-            overrun = len(traj.completion_ids) > self.max_completion_tokens  # a generator that ignored the budget
-            traj.finish_reason = "max_completion_tokens" if overrun else "answer"
-            return overrun
+            traj.finish_reason = "answer"
+            return False
         if traj.num_tool_calls + sum(c.code is not None for c in parsed.tool_calls) > self.max_tool_calls:
             traj.tool_calls.extend(ToolCallRecord(c.code, "", ToolStatus.SKIPPED, turn=turn) for c in parsed.tool_calls)
             traj.finish_reason = "max_tool_calls"
