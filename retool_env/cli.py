@@ -24,7 +24,7 @@ def _sandbox_serve(args: argparse.Namespace) -> int:
         print(f"retool-env sandbox serve: no token: {exc}", file=sys.stderr)
         return 2
     kwargs = {"timeout": args.timeout, "memory_mb": args.memory_mb, "max_concurrency": args.max_concurrency,
-              "isolation": args.isolation}
+              "isolation": args.isolation, "require": args.require}
     options = {"token": token, "token_source": source, "unix_socket": args.unix_socket, "echo": args.echo,
                "read_timeout": args.read_timeout, "max_inflight_bytes": args.max_inflight_mb << 20}
 
@@ -97,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--memory-mb", type=int, default=1024, help="default memory limit per call")
     serve.add_argument("--max-concurrency", type=int, default=None, help="calls executing at once (default: CPUs)")
     serve.add_argument("--isolation", default="auto", choices=["auto", "bwrap", "unshare", "none"])
+    serve.add_argument("--require", choices=["warn", "strict"], default="warn",
+                       help="strict: refuse to start unless every sandbox isolation layer is on (see `doctor`)")
     serve.add_argument("--unix-socket", default=None, help="listen on this unix socket (mode 0600), not host:port")
     serve.add_argument("--token-file", default=None,
                        help="read the bearer token from this file (else $RETOOL_SANDBOX_TOKEN, else a new one, printed)")

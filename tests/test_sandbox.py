@@ -409,7 +409,7 @@ def test_doctor_probes_see_an_escape_when_isolation_is_off():
     from retool_env.sandbox import probes
 
     with LocalSandbox(isolation="none", seccomp=False, userns=False, drop_uid=False, prefork=1) as sb:
-        escaped = {name for name in ("fork", "setsid", "socket", "other calls' files")
+        escaped = {name for name in ("fork", "leave the session", "socket", "other calls' files")
                    if probes.escaped(run(sb, probes.code(name, home="/", expected_in_home=[])).output)}
         run(sb, probes.code("other calls' files", home="/", expected_in_home=[]))  # leaves a mark for the next
         again = run(sb, probes.code("other calls' files", home="/", expected_in_home=[]))
@@ -417,7 +417,7 @@ def test_doctor_probes_see_an_escape_when_isolation_is_off():
     for mark in ("/tmp/mark", "/dev/shm/mark"):  # what the unconfined probes wrote on the host
         with contextlib.suppress(FileNotFoundError):
             os.unlink(mark)
-    assert {"fork", "setsid", "socket", "shared /tmp"} <= escaped, escaped
+    assert {"fork", "leave the session", "socket", "shared /tmp"} <= escaped, escaped
 
 
 def test_strict_refuses_to_start_without_a_layer():
