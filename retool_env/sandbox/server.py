@@ -153,8 +153,12 @@ class Server:
             return
         loop = asyncio.get_running_loop()
         if message["op"] == "forked":
-            exited = self.waiters[message["pid"]] = loop.create_future()  # before its exit can be reported
             waiter = self.forking.pop(message["cid"], None)
+            if message["pid"] < 0:
+                if waiter is not None and not waiter.done():
+                    waiter.set_exception(OSError(f"the zygote could not fork a child ({message.get('error')})"))
+                return
+            exited = self.waiters[message["pid"]] = loop.create_future()  # before its exit can be reported
             if waiter is not None and not waiter.done():
                 waiter.set_result((message["pid"], exited))
         elif message["op"] == "exit":
@@ -199,6 +203,8 @@ class Server:
         try:
             while len(self.pool) < self.config.prefork and not self.stopped.is_set():
                 self.pool.append(await self._fork(session=False))
+        except OSError as exc:  # the next call forks on demand, and reports the failure if it persists
+            print(f"sandbox server: prefork failed: {exc}", file=sys.stderr, flush=True)
         finally:
             self.refilling = False
 
