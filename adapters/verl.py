@@ -34,14 +34,14 @@ from retool_env.env import ToolEnvironment
 from retool_env.rollout import EpisodeAborted, Generation, SamplingParams, run_episode
 from retool_env.trajectory import Trajectory
 
-from .generators._common import DEFAULT_SAMPLING, LogprobsMismatchError
+from .generators._common import LogprobsMismatchError, TurnGenerator
 
 __all__ = ["AGENT_NAME", "VerlServerGenerator", "agent_loop_fields", "problem_from_row"]
 
 AGENT_NAME = "retool_env"
 
 
-class VerlServerGenerator:
+class VerlServerGenerator(TurnGenerator):
     """A `Generator` over verl's `LLMServerClient` / `AsyncLLMServerManager` (`generate(request_id, prompt_ids=,
     sampling_params=) -> TokenOutput`).
 
@@ -59,18 +59,11 @@ class VerlServerGenerator:
         self.base_params = dict(base_params or {})
         self.backend = backend
 
-    async def generate(
-        self,
-        prompt_ids: Sequence[int],
-        *,
-        max_tokens: int,
-        stop_token_ids: Sequence[int] = (),
-        stop: Sequence[str] = (),
-        sampling: SamplingParams = DEFAULT_SAMPLING,
+    async def _generate(
+        self, prompt_ids: list[int], max_tokens: int, stop_token_ids: list[int], stop: list[str],
+        sampling: SamplingParams,
     ) -> Generation:
         """Generate one turn with one server-manager call."""
-        if max_tokens <= 0:
-            return Generation(token_ids=[], logprobs=[], finish_reason="length")
         params = {**self.base_params, "temperature": sampling.temperature, "top_p": sampling.top_p,
                   "top_k": sampling.top_k, "max_tokens": max_tokens, "stop": list(stop),
                   "stop_token_ids": list(stop_token_ids), "skip_special_tokens": False,
