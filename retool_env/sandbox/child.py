@@ -53,11 +53,16 @@ def _fresh_namespace() -> dict[str, Any]:
 
 
 def single_use_main(code_fd: int, buffer: cell.OutputBuffer, **limits: Any) -> None:
+    """Run one request; say `done <exit code>` on the same socket before exiting, so the server answers without
+    waiting for the kernel to tear down this process's namespaces (it kills the process then, in case the report
+    came from the code itself: a call can only cut its own output short that way)."""
     request = read_frame_blocking(code_fd)
     if request is None:
         os._exit(0)
-    os.close(code_fd)
-    os._exit(execute(request, buffer, _fresh_namespace(), **limits))
+    code = execute(request, buffer, _fresh_namespace(), **limits)
+    with contextlib.suppress(OSError):
+        os.write(code_fd, f"done {code}\n".encode())
+    os._exit(code)
 
 
 def _die_with(parent: int) -> None:
