@@ -2,6 +2,13 @@
 
 - `LocalSandbox`: the embedded default, a pre-warmed fork server on this machine.
 - `SandboxFusionSandbox`: a client for a SandboxFusion `/run_code` service.
+
+The local sandbox, one job per module: `local` (the client: starts the server, sends requests), `isolation` (the
+namespace wrapper the server runs in, and the report of every layer), `server` (scheduling: the pool, the
+concurrency limit, sessions), `zygote` (forks every child, reaps them, cleans up after them), `confine` (what a
+child does to itself before it sees code), `child` (waiting for code, single-use and session heads), `cell` (running
+one cell, the output buffer), `seccomp`, `cgroups`, `protocol` (framing), `probes` (the doctor's live attacks).
+`http_server` serves the local sandbox as SandboxFusion's `/run_code`.
 """
 
 from __future__ import annotations
