@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from retool_env.sandbox import ExecResult, LocalSandbox, isolation
+from retool_env.sandbox import ExecResult, LocalSandbox
 
 pytestmark = pytest.mark.timeout(120)
 
