@@ -96,6 +96,7 @@ class ToolFormat(ABC):
     default_prompt: str
     call_glue: str  # between a turn's text and its tool call
     call_ends_turn: bool  # the model ends its turn after a tool call (else generation stops at a stop string)
+    tool_turns: bool  # results are chat turns the template renders (`tool_messages`), else inline in the model's turn
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
@@ -219,6 +220,7 @@ class HermesFormat(ToolFormat):
     default_prompt = "slime"
     call_glue = "\n"
     call_ends_turn = True
+    tool_turns = True
     _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
     _DUMMY = "<<retool-env-dummy>>"
 
@@ -275,6 +277,10 @@ class HermesFormat(ToolFormat):
     def _tool_turn(output: str) -> dict[str, str]:
         return {"role": "tool", "name": TOOL_NAME, "content": output}
 
+    def tool_messages(self, outputs: list[str]) -> list[dict[str, Any]]:
+        """The interpreter outputs as the chat messages the template renders after the model's turn."""
+        return [self._tool_turn(output) for output in outputs]
+
     def _rendered_with_outputs(self, outputs: list[str]) -> str:
         """The conversation with tool turns holding `outputs`. The template is rendered once per number of
         outputs with placeholders, then filled in; a template that transforms its content (checked once on a
@@ -316,6 +322,7 @@ class ReToolFormat(ToolFormat):
     default_prompt = "retool"
     call_glue = "\n\n"
     call_ends_turn = False
+    tool_turns = False
     _CODE = re.compile(r"<code>(.*?)(?:</code>\s*)?$", re.DOTALL)
 
     @property
