@@ -70,7 +70,7 @@ def test_chat_template_by_name_path_or_text(qwen_tok, tmp_path):
     assert shipped == qwen_tok.chat_template and "qwen3_instruct_2507" in chat_template_names()
     assert resolve_chat_template(THINK_WHEN_LAST) == Path(THINK_WHEN_LAST).read_text()
     assert resolve_chat_template("{{ messages[0].content }}") == "{{ messages[0].content }}"
-    with pytest.raises(ValueError, match="known names: .*qwen3_instruct_2507"):
+    with pytest.raises(ValueError, match=r"known names: .*qwen3_instruct_2507"):
         resolve_chat_template("no-such-template")
     tok = with_chat_template(qwen_tok, STRIP_REASONING)
     assert tok.chat_template != qwen_tok.chat_template == shipped  # the caller's tokenizer keeps its own
@@ -112,7 +112,7 @@ def test_turn_mode_starts_a_sample_where_the_template_drops_an_empty_think_block
 def test_episode_mode_keeps_one_sample_and_says_the_template_rewrote_history(qwen_tok):
     turns = [EMPTY_THINK + call("print(6 * 7)"), THINK + "\\boxed{42}"]
     env = ToolEnvironment(qwen_tok, [PROBLEM], chat_template=THINK_WHEN_LAST)
-    with pytest.warns(UserWarning, match="rewrote an earlier turn.*qwen3_training.*sample_mode='turn'"):
+    with pytest.warns(UserWarning, match=r"rewrote an earlier turn.*qwen3_training.*sample_mode=.turn."):
         play(env, turns)
     traj = env.trajectory
     assert len(traj.samples) == 1 and traj.rewritten_turns == 1
