@@ -24,6 +24,8 @@ from retool_env.formats import encode
 SHIPPED_TEMPLATES = Path(__file__).parent / "chat_templates"
 SAMPLE_MODES = ("episode", "turn")
 _MARKER = "\x00retool-env-turn\x00"
+_THINK = "<think>\n"
+_END_THINK = "</think>"
 
 
 def template_folders() -> list[Path]:
@@ -86,10 +88,24 @@ class Conversation:
         self.turn_end = turn_end
         self.messages = list(messages)
         self.text = self.render(self.messages)  # the context of the next generation, as text
+        self.reasoning_field: bool | None = None  # see assistant_message
 
     def render(self, messages: list[dict[str, Any]]) -> str:
         return self.tokenizer.apply_chat_template(messages, tools=self.tools, tokenize=False,
                                                   add_generation_prompt=True)
+
+    def assistant_message(self, model_text: str, reasoning_field: bool | None = None) -> dict[str, str]:
+        """The model's turn as a message. Its text follows the think block the generation prompt opened, if any
+        (Qwen3.5+, DeepSeek-R1-Distill). Templates read reasoning either inside the content (Qwen3, R1) or from a
+        `reasoning_content` field (Qwen3.8): the form under which the template gave back the model's own tokens
+        is kept for the episode (`reasoning_field`)."""
+        text = (_THINK if self.text.endswith(_THINK) else "") + model_text
+        split = self.reasoning_field if reasoning_field is None else reasoning_field
+        if split and _END_THINK in text:
+            reasoning, content = text.split(_END_THINK, 1)
+            return {"role": "assistant", "content": content.lstrip("\n"),
+                    "reasoning_content": reasoning.removeprefix(_THINK).strip("\n")}
+        return {"role": "assistant", "content": text}
 
     def after_tools(self, model_text: str, closing_ids: tuple[int, ...], tool_messages: list[dict[str, Any]]
                     ) -> NextContext:
@@ -99,16 +115,20 @@ class Conversation:
         it is right even when the template rewrites that content; the real rendering then shows whether the
         context stayed append-only.
         """
-        assistant = {"role": "assistant", "content": model_text}
-        marked = self.render([*self.messages, {"role": "assistant", "content": _MARKER}, *tool_messages])
+        marked = self.render([*self.messages, self.assistant_message(_MARKER), *tool_messages])
         after = marked[marked.index(_MARKER) + len(_MARKER):]
         if not after.startswith(self.turn_end):
             raise ValueError(f"the chat template does not end an assistant turn with {self.turn_end!r} "
                              f"(it renders {after[:40]!r}); tool results cannot follow the model's turn")
         # Text after a special token (the turn's end) tokenizes on its own, whatever came before it.
         appended = [*closing_ids, *encode(self.tokenizer, after[len(self.turn_end):])]
-        self.messages += [assistant, *tool_messages]
-        old, self.text = self.text, self.render(self.messages)
-        if self.text == old + model_text + after:
-            return NextContext(appended)
+        rendered = []
+        for split in [self.reasoning_field] if self.reasoning_field is not None else [False, True]:
+            messages = [*self.messages, self.assistant_message(model_text, split), *tool_messages]
+            rendered.append((messages, self.render(messages)))
+            if rendered[-1][1] == self.text + model_text + after:  # append-only
+                self.reasoning_field = split
+                self.messages, self.text = rendered[-1]
+                return NextContext(appended)
+        self.messages, self.text = rendered[0]
         return NextContext(appended, rewritten=encode(self.tokenizer, self.text))

@@ -25,7 +25,7 @@ def call(code: str) -> str:
 def play(env: ToolEnvironment, turns: list[str]) -> list[tuple]:
     """Step the model turns (text, then the end token) with logprob -1 each; return what each step returned."""
     env.reset(options={"problem": PROBLEM})
-    end = env.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    end = env.format.turn_end_id
     steps = []
     for text in turns:
         action = [*encode(env.tokenizer, text), end]
@@ -50,7 +50,7 @@ def assert_contexts_are_the_templates(env: ToolEnvironment, turns: list[str]) ->
     for k, turn in enumerate(traj.turns):
         sample = samples[turn.sample]
         assert sample.prompt_ids + sample.completion_ids[:turn.start] == rendered(tok, messages[:assistant_at[k]])
-        assert tok.decode(sample.completion_ids[turn.start:turn.end]) == turns[k] + "<|im_end|>"
+        assert tok.decode(sample.completion_ids[turn.start:turn.end]) == turns[k] + env.format.turn_end
         assert set(sample.env_mask[turn.start:turn.end]) == {1}
         assert set(sample.logprobs[turn.start:turn.end]) == {-1.0}
     for sample in samples:
