@@ -98,3 +98,26 @@ def test_qwen3_drops_an_empty_think_block_and_its_training_version_keeps_it(name
     play(env, turns)
     assert_contexts_are_the_templates(env, turns)
     assert [s.turns for s in env.trajectory.samples] == ([[0, 1, 2]] if name.endswith("_training") else [[0], [1, 2]])
+
+
+@pytest.mark.skipif("qwen3" not in NAMES, reason="needs TRL")
+def test_adapters_train_on_trls_training_version_when_the_template_rewrites_history(caplog):
+    from retool_adapters.chat_templates import training_env_kwargs
+
+    qwen3 = family_tokenizer("qwen3")
+    with caplog.at_level("WARNING"):
+        kwargs = training_env_kwargs(qwen3, {"max_tool_calls": 2})
+    assert kwargs == {"max_tool_calls": 2, "chat_template": resolve_chat_template("qwen3_training")}
+    assert "training on TRL's prefix-preserving version" in caplog.text
+    assert training_env_kwargs(family_tokenizer("qwen2_5"), {}) == {}  # already prefix-preserving
+    chosen = {"chat_template": "qwen3"}  # the template as deployed, chosen on purpose
+    assert training_env_kwargs(qwen3, chosen) == chosen
+    assert training_env_kwargs(qwen3, {"sample_mode": "turn"}) == {"sample_mode": "turn"}
+
+
+def test_trl_rollout_refuses_the_turn_mode():
+    pytest.importorskip("trl")
+    from retool_adapters.trl import ReToolRollout
+
+    with pytest.raises(ValueError, match="one completion per prompt"):
+        ReToolRollout([PROBLEM], sample_mode="turn")
