@@ -186,10 +186,9 @@ class ReToolRollout:
     def _env_factory(self, trainer: Any) -> Callable[[], Any]:
         from retool_env.env import ToolEnvironment
 
-        kwargs = {"max_completion_tokens": trainer.args.max_completion_length, **self.env_kwargs}
         tokenizer = self.tokenizer if self.tokenizer is not None else trainer.processing_class
-        self.env_kwargs = training_env_kwargs(tokenizer, self.env_kwargs)  # once: then the template is chosen
-        kwargs["chat_template"] = self.env_kwargs.get("chat_template")
+        self.env_kwargs = training_env_kwargs(tokenizer, self.env_kwargs)  # logs once: then the template is chosen
+        kwargs = {"max_completion_tokens": trainer.args.max_completion_length, **self.env_kwargs}
         return lambda: ToolEnvironment(tokenizer, self.problems, **kwargs)
 
     def _spare_env(self, make_env: Callable[[], Any]) -> Any:

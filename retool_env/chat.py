@@ -8,7 +8,7 @@ training sample goes on) or it does not (the template rewrote history: the next 
 
 `retool_env` never imports TRL: a template name is looked up among the templates shipped here, then among those in
 TRL's package folder, found without importing TRL. Picking TRL's prefix-preserving training version of a template
-is the adapters' job (`adapters.chat_templates.training_chat_template`).
+is the adapters' job (`retool_adapters.chat_templates.training_env_kwargs`).
 """
 
 from __future__ import annotations

@@ -140,8 +140,8 @@ class ToolEnvironment(gym.Env):
     `retool_env.prompts.PROMPTS` or a PromptTemplate; default: the format's),
     `sandbox` ("local", a SandboxFusion URL, or a Sandbox), `reward` (a scheme name or callable) and
     `reward_kwargs`, the budgets above, `tool_timeout` (seconds per call), `stateful` (variables persist between an
-    episode's calls), `chat_template` and `sample_mode` (above): the fields of `retool_env.config.EnvConfig`, which declares their defaults, so
-    `ToolEnvironment(tokenizer, dataset, **config)` takes an EnvConfig. Besides: `render_mode` ("ansi"),
+    episode's calls), `chat_template` and `sample_mode` (above): the fields of `retool_env.config.EnvConfig`, which
+    declares their defaults, so `ToolEnvironment(tokenizer, dataset, **config)` takes an EnvConfig. Besides: `render_mode` ("ansi"),
     `vocab_size` (defaults to the tokenizer's length).
 
     ## Version History
@@ -194,7 +194,6 @@ class ToolEnvironment(gym.Env):
         self._closing: set[asyncio.Task] = set()
         self._answer_text = ""
         self._conversation: Conversation | None = None
-        self._new_sample = False
 
     # ----------------------------------------------------------------------------------------------------- reset
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
@@ -312,14 +311,12 @@ class ToolEnvironment(gym.Env):
         if len(traj.completion_ids) + len(obs_ids) >= self.max_completion_tokens:
             traj.finish_reason = "max_completion_tokens"
             return None
-        self._new_sample = context_ids is not None
-        if self._new_sample:
-            traj.start_sample(context_ids)
-        else:
+        if context_ids is None:
             traj.append_env(obs_ids)
+        else:
+            traj.start_sample(context_ids)
         traj.turns[-1].num_tool_calls = len(records)
-        info = self._info()
-        self._new_sample = False
+        info = {**self._info(), "new_sample": context_ids is not None}
         return np.asarray(context_ids or obs_ids, dtype=np.int64), 0.0, False, False, info
 
     def _next_context(self, parsed: ParsedAction, outputs: list[str]) -> tuple[list[int], list[int] | None]:
@@ -372,7 +369,7 @@ class ToolEnvironment(gym.Env):
             "turn": traj.num_turns,
             "num_tool_calls": traj.num_tool_calls,
             "tool_results": list(self._last_results),
-            "new_sample": self._new_sample,
+            "new_sample": False,  # True after a step whose observation is a whole new context (`turn` mode)
         }
         if self._done:
             info.update(reward=traj.reward, correct=traj.correct, pred=traj.pred, strict_correct=traj.strict_correct,
