@@ -111,24 +111,25 @@ class Conversation:
                     ) -> NextContext:
         """Add the model's turn (its text without the end token) and the tool results; return what follows.
 
-        The template's rendering after the turn is found with a placeholder in place of the turn's content, so
-        it is right even when the template rewrites that content; the real rendering then shows whether the
-        context stayed append-only.
+        One rendering of the real conversation settles the usual case: it starts with the old context, the model's
+        text and the turn's end, so the context stayed append-only. Otherwise the template rewrote history, and what
+        it renders after a turn is found with a placeholder in place of the turn's content.
         """
+        head = self.text + model_text + self.turn_end
+        rendered = []
+        for split in [self.reasoning_field] if self.reasoning_field is not None else [False, True]:
+            messages = [*self.messages, self.assistant_message(model_text, split), *tool_messages]
+            rendered.append((messages, self.render(messages)))
+            if rendered[-1][1].startswith(head):
+                self.reasoning_field = split
+                self.messages, self.text = rendered[-1]
+                # Text after a special token (the turn's end) tokenizes on its own, whatever came before it.
+                return NextContext([*closing_ids, *encode(self.tokenizer, self.text[len(head):])])
         marked = self.render([*self.messages, self.assistant_message(_MARKER), *tool_messages])
         after = marked[marked.index(_MARKER) + len(_MARKER):]
         if not after.startswith(self.turn_end):
             raise ValueError(f"the chat template does not end an assistant turn with {self.turn_end!r} "
                              f"(it renders {after[:40]!r}); tool results cannot follow the model's turn")
-        # Text after a special token (the turn's end) tokenizes on its own, whatever came before it.
-        appended = [*closing_ids, *encode(self.tokenizer, after[len(self.turn_end):])]
-        rendered = []
-        for split in [self.reasoning_field] if self.reasoning_field is not None else [False, True]:
-            messages = [*self.messages, self.assistant_message(model_text, split), *tool_messages]
-            rendered.append((messages, self.render(messages)))
-            if rendered[-1][1] == self.text + model_text + after:  # append-only
-                self.reasoning_field = split
-                self.messages, self.text = rendered[-1]
-                return NextContext(appended)
         self.messages, self.text = rendered[0]
+        appended = [*closing_ids, *encode(self.tokenizer, after[len(self.turn_end):])]
         return NextContext(appended, rewritten=encode(self.tokenizer, self.text))
