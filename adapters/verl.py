@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from uuid import uuid4
 
+from retool_adapters.chat_templates import training_env_kwargs
 from retool_env.data import Problem
 from retool_env.env import ToolEnvironment
 from retool_env.rollout import EpisodeAborted, Generation, SamplingParams, run_episode
@@ -131,8 +132,12 @@ else:
         def __init__(self, *args: Any, env_kwargs: Mapping[str, Any] | None = None, backend: str | None = None,
                      **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self.env_kwargs = {"max_completion_tokens": int(self.config.actor_rollout_ref.rollout.response_length),
-                               **dict(env_kwargs or {})}
+            env_kwargs = {"max_completion_tokens": int(self.config.actor_rollout_ref.rollout.response_length),
+                          **dict(env_kwargs or {})}
+            if env_kwargs.get("sample_mode", "episode") != "episode":  # AgentLoopOutput holds one sequence
+                raise ValueError("verl's agent loop returns one sequence per sample: keep sample_mode='episode' (a "
+                                 "template that rewrites history is swapped for TRL's training version)")
+            self.env_kwargs = training_env_kwargs(self.tokenizer, env_kwargs)
             self.backend = backend or str(self.config.actor_rollout_ref.rollout.get("name", "vllm"))
 
         async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:

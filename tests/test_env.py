@@ -455,4 +455,3 @@ def test_templates_that_transform_tool_content_are_rendered_each_time(tiny_tok):
     expected = render(tok, [*messages, turn, {"role": "tool", "name": "code_interpreter", "content": output}],
                       add_generation_prompt=True)
     assert env.trajectory.prompt_ids + env.trajectory.completion_ids == expected
-    assert env.format._skeletons[1] is None
