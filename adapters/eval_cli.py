@@ -108,9 +108,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ModelArguments, DataA
 
 def load_generator(args: ModelArguments, out: str | Path) -> tuple[Any, Any]:
     """The generator and tokenizer for a backend; heavy imports happen only for the backend asked for."""
-    from transformers import AutoTokenizer
-
-    from retool_adapters.scripts import UsageError
+    from retool_adapters.scripts import UsageError, load_tokenizer
 
     if args.backend == "hf":
         from transformers import AutoModelForCausalLM
@@ -121,32 +119,32 @@ def load_generator(args: ModelArguments, out: str | Path) -> tuple[Any, Any]:
             from retool_adapters.offline_models import build_tiny_qwen
 
             args.model = str(build_tiny_qwen(Path(out) / "tiny-model"))
+        tokenizer = load_tokenizer(args.tokenizer or args.model)  # first: its error names the fix
         model = AutoModelForCausalLM.from_pretrained(args.model, dtype=args.dtype)
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
         return HFGenerator(model, tokenizer, device=args.device), tokenizer
+    if args.backend not in ("vllm", "openai"):
+        raise UsageError(f"--backend {args.backend}: unknown backend; choose hf, vllm or openai")
     if args.model is None:
         raise UsageError(f"--backend {args.backend} needs --model (the model folder, Hub id or served name)")
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
-    if args.backend == "vllm":
-        try:
-            import vllm
-        except ModuleNotFoundError as exc:
-            raise UsageError("--backend vllm needs vLLM: pip install -e '.[gpu]' on a GPU machine (README, GPU "
-                             "quickstart), or --backend openai against a running server") from exc
-
-        from retool_adapters.generators import VLLMEngineGenerator
-
-        engine = vllm.LLM(model=args.model, tokenizer=args.tokenizer or args.model, dtype=args.dtype,
-                          tensor_parallel_size=args.tensor_parallel_size, max_model_len=args.max_model_len,
-                          gpu_memory_utilization=args.gpu_memory_utilization)
-        return VLLMEngineGenerator(engine), tokenizer
+    if args.backend == "openai" and not args.base_url:
+        raise UsageError("--backend openai needs --base_url, e.g. --base_url http://localhost:8000/v1")
+    tokenizer = load_tokenizer(args.tokenizer or args.model)
     if args.backend == "openai":
         from retool_adapters.generators import OpenAICompletionsGenerator
 
-        if not args.base_url:
-            raise UsageError("--backend openai needs --base_url, e.g. --base_url http://localhost:8000/v1")
         return OpenAICompletionsGenerator(args.base_url, args.model), tokenizer
-    raise UsageError(f"--backend {args.backend}: unknown backend; choose hf, vllm or openai")
+    try:
+        import vllm
+    except ModuleNotFoundError as exc:
+        raise UsageError("--backend vllm needs vLLM: pip install -e '.[gpu]' on a GPU machine (README, GPU "
+                         "quickstart), or --backend openai against a running server") from exc
+
+    from retool_adapters.generators import VLLMEngineGenerator
+
+    engine = vllm.LLM(model=args.model, tokenizer=args.tokenizer or args.model, dtype=args.dtype,
+                      tensor_parallel_size=args.tensor_parallel_size, max_model_len=args.max_model_len,
+                      gpu_memory_utilization=args.gpu_memory_utilization)
+    return VLLMEngineGenerator(engine), tokenizer
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -175,6 +173,7 @@ def evaluate_from_args(model_args: ModelArguments, data_args: DataArguments, env
                          f"{data_args.levels}, limit {data_args.limit})")
 
     # 2. The backend.
+    random_model = model_args.model is None and model_args.backend == "hf"
     generator, tokenizer = load_generator(model_args, output_args.out)
 
     # 3. Play and score: n samples of each problem, every one a full episode with the interpreter.
@@ -198,5 +197,8 @@ def evaluate_from_args(model_args: ModelArguments, data_args: DataArguments, env
     print(f"{metrics['num_problems']} problems x {n}: mean@{n} {metrics[f'mean@{n}']:.3f}, pass@{k} "
           f"{metrics[f'pass@{k}']:.3f}, maj@{k} {metrics[f'maj@{k}']:.3f}, code ratio "
           f"{metrics['tools']['code_ratio']}; report: {Path(output_args.out) / 'report.md'}")
+    if random_model:
+        print("(a smoke run: the model is a tiny random one, so zero accuracy is expected; pass --model to evaluate "
+              "a real checkpoint)")
     return metrics
 

@@ -7,6 +7,8 @@ a user expects from a script.
 - A short `--help`: the description, `--config`, the script's own arguments and the trainer's most used ones;
   `--help-all` lists every field of TRL's dataclasses.
 - Mistakes on the command line or in a config file end in one line (`grpo_trl.py: error: ...`), not a traceback.
+- No Hub, no wait: when the Hub cannot be reached, look-ups go to the local cache at once (`HF_HUB_OFFLINE=1`)
+  instead of retrying for a minute, and a model that is not there is named with the way to fetch it.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import os
 import re
 import shutil
+import socket
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -145,10 +149,57 @@ def run(main: Callable[..., Any], parser: ScriptParser, args: Sequence[str] | No
     from retool_env.data import DatasetUnavailableError
 
     parsed = parser.parse_args_and_config(args)
+    if not hub_reachable():
+        go_offline()
+    if not sys.stderr.isatty():  # a log file or a pipe: no download or loading bars, one line each
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
     try:
         return main(*parsed)
     except (UsageError, DatasetUnavailableError, FileNotFoundError, ModuleNotFoundError) as exc:
         parser.error(str(exc))
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hub (`HF_ENDPOINT`) answers a TCP connection; False at once under `HF_HUB_OFFLINE=1`."""
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    url = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout).close()
+    except OSError:
+        return False
+    return True
+
+
+def go_offline() -> None:
+    """`HF_HUB_OFFLINE=1` for this process (already imported libraries too) and its children: the local cache only."""
+    from huggingface_hub import constants
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    constants.HF_HUB_OFFLINE = True
+    if "datasets" in sys.modules:
+        sys.modules["datasets"].config.HF_HUB_OFFLINE = True
+
+
+def load_tokenizer(name: str, **kwargs: Any):
+    """`AutoTokenizer.from_pretrained`, with a `UsageError` naming the fix when the model is nowhere to be found."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name, **kwargs)
+    except OSError as exc:
+        from huggingface_hub import constants
+
+        where = ("the Hub cannot be reached, so only the local cache was searched" if constants.HF_HUB_OFFLINE
+                 else "nor on the Hub")
+        raise UsageError(f"cannot load the tokenizer of {name!r}: not a local folder, not in the Hub cache ({where}); "
+                         f"pass a local folder, or fetch it first on a machine with access: hf download {name}") from exc
 
 
 def _display(path: Path) -> str:

@@ -53,9 +53,9 @@ class EnvArguments(EnvConfig):
 
 def main(env_args: EnvArguments, training_args, model_args) -> None:
     # Heavy imports here, so that `--help` is instant.
-    from transformers import AutoTokenizer
     from trl import GRPOTrainer, get_peft_config, get_quantization_config
 
+    from retool_adapters.scripts import load_tokenizer
     from retool_adapters.trl import REWARD_FUNCS, REWARD_WEIGHTS, ReToolRollout, problems_to_dataset
     from retool_env.data import load_problems
 
@@ -64,7 +64,7 @@ def main(env_args: EnvArguments, training_args, model_args) -> None:
         from retool_adapters.offline_models import build_tiny_qwen
 
         model_args.model_name_or_path = str(build_tiny_qwen(Path(training_args.output_dir) / "tiny-model"))
-    tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision)
+    tokenizer = load_tokenizer(model_args.model_name_or_path, revision=model_args.model_revision)
     training_args.model_init_kwargs = {
         "revision": model_args.model_revision,
         "attn_implementation": model_args.attn_implementation,

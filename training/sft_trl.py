@@ -79,15 +79,16 @@ def coldstart_rows(data_args: DataArguments, tokenizer) -> list[dict]:
 def main(data_args: DataArguments, training_args, model_args) -> None:
     # Heavy imports here, so that `--help` is instant.
     from datasets import Dataset
-    from transformers import AutoTokenizer
     from trl import SFTTrainer, get_peft_config, get_quantization_config
+
+    from retool_adapters.scripts import load_tokenizer
 
     # 1. The model. Without one, build a tiny random Qwen2 (offline, seconds) so the script runs anywhere.
     if model_args.model_name_or_path is None:
         from retool_adapters.offline_models import build_tiny_qwen
 
         model_args.model_name_or_path = str(build_tiny_qwen(Path(training_args.output_dir) / "tiny-model"))
-    tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision)
+    tokenizer = load_tokenizer(model_args.model_name_or_path, revision=model_args.model_revision)
     training_args.model_init_kwargs = {
         "revision": model_args.model_revision,
         "attn_implementation": model_args.attn_implementation,
