@@ -55,7 +55,7 @@ class ScriptParser(TrlParser):
         self.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS, help=(
             f"YAML file of any of the arguments (a recipe, see training/configs/); default: "
             f"{_display(self.default_config)}, the offline CPU smoke run. Flags override the file."))
-        self.add_argument("--help-all", action=_HelpAll, help="list every argument, TRL's included")
+        self.add_argument("--help-all", action=_HelpAll, help="list every argument (--help shows the most used)")
         # A progress bar on a terminal; in a log file or a pipe the trainer's per-step log lines instead.
         if any("disable_tqdm" in (f.name for f in dataclasses.fields(t)) for t in dataclass_types):
             self.set_defaults(disable_tqdm=not sys.stderr.isatty())

@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8080, help="port to listen on")
     serve.add_argument("--timeout", type=float, default=10.0, help="run_timeout in seconds when a request sets none")
     serve.add_argument("--memory-mb", type=int, default=1024, help="memory limit per call when a request sets none")
-    serve.add_argument("--max-concurrency", type=int, default=None, help="calls executing at once (default: CPUs)")
+    serve.add_argument("--max-concurrency", type=int, default=None, help="calls executing at once; None: one per CPU")
     serve.add_argument("--isolation", default="auto", choices=["auto", "bwrap", "unshare", "none"],
                        help="isolation wrapper; auto: the strongest this machine allows (see `retool-env doctor`)")
     serve.set_defaults(func=_sandbox_serve)
