@@ -16,10 +16,8 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import os
 import re
 import shutil
-import socket
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -147,6 +145,7 @@ def run(main: Callable[..., Any], parser: ScriptParser, args: Sequence[str] | No
     """Parse, then run `main(*dataclasses)`; a `UsageError` (or a dataset or file that cannot be found) ends in one
     line naming the fix, every other exception in its traceback."""
     from retool_env.data import DatasetUnavailableError
+    from retool_env.data.loaders import go_offline, hub_reachable
 
     parsed = parser.parse_args_and_config(args)
     if not hub_reachable():
@@ -159,32 +158,6 @@ def run(main: Callable[..., Any], parser: ScriptParser, args: Sequence[str] | No
         return main(*parsed)
     except (UsageError, DatasetUnavailableError, FileNotFoundError, ModuleNotFoundError) as exc:
         parser.error(str(exc))
-
-
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """Whether the Hub (`HF_ENDPOINT`) answers a TCP connection; False at once under `HF_HUB_OFFLINE=1`."""
-    from urllib.parse import urlparse
-
-    from huggingface_hub import constants
-
-    if constants.HF_HUB_OFFLINE:
-        return False
-    url = urlparse(constants.ENDPOINT)
-    try:
-        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout).close()
-    except OSError:
-        return False
-    return True
-
-
-def go_offline() -> None:
-    """`HF_HUB_OFFLINE=1` for this process (already imported libraries too) and its children: the local cache only."""
-    from huggingface_hub import constants
-
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    constants.HF_HUB_OFFLINE = True
-    if "datasets" in sys.modules:
-        sys.modules["datasets"].config.HF_HUB_OFFLINE = True
 
 
 def load_tokenizer(name: str, **kwargs: Any):

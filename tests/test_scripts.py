@@ -20,9 +20,14 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "training" / "configs"
 
 
+# A Hub that does not answer (a closed local port), whether or not this machine has a network.
+NO_HUB = {**{k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")},
+          "HF_ENDPOINT": "http://127.0.0.1:9"}
+
+
 def run_script(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                          env=NO_HUB)
 
 
 def test_flags_apply_on_top_of_the_cpu_smoke_config():
@@ -76,6 +81,19 @@ def test_command_line_mistakes_are_one_line(args, message, tmp_path):
     assert out.returncode == 2, out.stderr
     lines = [line for line in out.stderr.splitlines() if "Warning" not in line and not line.startswith("  ")]
     assert len(lines) == 1 and lines[0].startswith("retool-env eval: error: ") and message in lines[0], out.stderr
+
+
+def test_an_unreachable_hub_fails_at_once_naming_the_argument(tmp_path):
+    code = ("import time, gymnasium as gym, retool_env\nfrom retool_env.offline import tiny_tokenizer\n"
+            "start = time.perf_counter()\n"
+            "try:\n    gym.make('ReTool-Math-v0', tokenizer=tiny_tokenizer())\n"
+            "except retool_env.data.DatasetUnavailableError as exc:\n    print(exc)\n"
+            "print(f'{time.perf_counter() - start:.1f} s')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**NO_HUB, "HF_HOME": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    message, seconds = out.stdout.strip().splitlines()
+    assert "dataset='path/to/dapo-math-17k.parquet'" in message and float(seconds.split()[0]) < 10
 
 
 def test_progress_in_a_log_file_is_short_lines():
