@@ -67,7 +67,8 @@ class ScriptParser(TrlParser):
             self.error("--config needs a YAML file")
         config = Path(args[args.index("--config") + 1])
         if not config.is_file():
-            self.error(f"--config {config}: no such file")
+            default = " (the default config: install the repository with pip install -e)" * (config == self.default_config)
+            self.error(f"--config {config}: no such file{default}")
         try:
             return super().parse_args_and_config(args, **kwargs)
         except ValueError as exc:  # a field's own validation, or an unknown key in the file
