@@ -78,8 +78,10 @@ def _doctor(args: argparse.Namespace) -> int:
 
 def _eval(eval_args: Sequence[str]) -> int:
     """`retool_adapters.eval_cli`: the generation backends live with the adapters (the `train` extra for hf)."""
-    from retool_adapters.eval_cli import main as eval_main
-
+    try:
+        from retool_adapters.eval_cli import main as eval_main
+    except ModuleNotFoundError as exc:
+        sys.exit(f"retool-env eval: error: needs the train extra (missing {exc.name}): pip install -e '.[train]'")
     eval_main(list(eval_args))
     return 0
 
@@ -87,16 +89,22 @@ def _eval(eval_args: Sequence[str]) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="retool-env", description="ReTool-Env: a code-interpreter gym for LLMs.")
     commands = parser.add_subparsers(dest="command", required=True)
+    defaults = argparse.ArgumentDefaultsHelpFormatter
 
-    sandbox = commands.add_parser("sandbox", help="the code sandbox")
+    sandbox = commands.add_parser("sandbox", help="the code sandbox", description="The code sandbox.")
     sandbox_commands = sandbox.add_subparsers(dest="sandbox_command", required=True)
-    serve = sandbox_commands.add_parser("serve", help="a SandboxFusion-compatible /run_code server over the local sandbox")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8080)
-    serve.add_argument("--timeout", type=float, default=10.0, help="default run_timeout in seconds")
-    serve.add_argument("--memory-mb", type=int, default=1024, help="default memory limit per call")
-    serve.add_argument("--max-concurrency", type=int, default=None, help="calls executing at once (default: CPUs)")
-    serve.add_argument("--isolation", default="auto", choices=["auto", "bwrap", "unshare", "none"])
+    serve = sandbox_commands.add_parser(
+        "serve", formatter_class=defaults, help="a SandboxFusion-compatible /run_code server over the local sandbox",
+        description="Serve the local sandbox over SandboxFusion's API (POST /run_code), for tools written for "
+                    "SandboxFusion (verl's, the sandbox-fusion client). Calls need the printed token. Ctrl-C or kill "
+                    "stops it.")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    serve.add_argument("--port", type=int, default=8080, help="port to listen on")
+    serve.add_argument("--timeout", type=float, default=10.0, help="run_timeout in seconds when a request sets none")
+    serve.add_argument("--memory-mb", type=int, default=1024, help="memory limit per call when a request sets none")
+    serve.add_argument("--max-concurrency", type=int, default=None, help="calls executing at once; None: one per CPU")
+    serve.add_argument("--isolation", default="auto", choices=["auto", "bwrap", "unshare", "none"],
+                       help="isolation wrapper; auto: the strongest this machine allows (see `retool-env doctor`)")
     serve.add_argument("--require", choices=["warn", "strict"], default="warn",
                        help="strict: refuse to start unless every sandbox isolation layer is on (see `doctor`)")
     serve.add_argument("--unix-socket", default=None, help="listen on this unix socket (mode 0600), not host:port")
@@ -111,7 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="request bodies held at once, all connections together (over it: HTTP 503)")
     serve.set_defaults(func=_sandbox_serve)
 
-    doctor = commands.add_parser("doctor", help="measure the sandbox's isolation layers and try one attack per class")
+    doctor = commands.add_parser(
+        "doctor", formatter_class=defaults, help="measure the sandbox's isolation layers and try one attack per class",
+        description="Measure every isolation layer of the local sandbox from inside a child, then try one live attack "
+                    "per class. Exit status 1 when an attack escapes.")
     doctor.add_argument("--require", choices=["warn", "strict"], default="warn",
                         help="strict: fail when any isolation layer is missing")
     doctor.set_defaults(func=_doctor)
