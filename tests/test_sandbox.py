@@ -267,6 +267,16 @@ def test_session_cells_cannot_forge_the_heads_reports(sandbox):
     assert after.output == "fine\n"
 
 
+def test_calls_of_one_session_arriving_together_share_it(sandbox):
+    async def main():
+        first = await asyncio.gather(*(sandbox.run(f"v{i} = {i}", session="together") for i in range(3)))
+        return first, await sandbox.run("print(v0 + v1 + v2)", session="together")
+
+    first, total = asyncio.run(main())
+    assert all(r.ok for r in first) and total.stdout == "3\n", (first, total)
+    asyncio.run(sandbox.close_session("together"))
+
+
 def test_concurrent_sessions_stay_apart(sandbox):
     async def episode(i: int) -> list[str]:
         outputs = []

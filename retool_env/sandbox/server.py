@@ -139,6 +139,7 @@ class Server:
         self.forking: dict[int, asyncio.Future[tuple[int, asyncio.Future[Any]]]] = {}
         self.waiters: dict[int, asyncio.Future[tuple[int, float, bool]]] = {}
         self.sessions: OrderedDict[str, Session] = OrderedDict()
+        self.opening: dict[str, asyncio.Future[Session]] = {}
         self.running: dict[int, Child] = {}
         self.cids = itertools.count(1)
         self.stopped = asyncio.Event()
@@ -381,9 +382,21 @@ class Server:
         with contextlib.suppress(OSError):
             os.kill(session.head.pid, signal.SIGSTOP)
 
+    async def _session(self, name: str) -> Session:
+        """The named session, opened once even when several of its calls arrive together."""
+        session = self.sessions.get(name)
+        if session is not None:
+            return session
+        opening = self.opening.get(name)
+        if opening is None:
+            opening = self.opening[name] = asyncio.ensure_future(self._open_session(name))
+            opening.add_done_callback(lambda _: self.opening.pop(name, None))
+        return await asyncio.shield(opening)
+
     async def run_session(self, name: str, request: dict[str, Any]) -> dict[str, Any]:
-        session = self.sessions.get(name) or await self._open_session(name)
-        self.sessions.move_to_end(name)
+        session = await self._session(name)
+        if self.sessions.get(name) is session:
+            self.sessions.move_to_end(name)
         async with session.lock, self.semaphore:
             head = session.head
             head.buffer.reset()
