@@ -96,6 +96,10 @@ async def run_episode(
         action = {"token_ids": generation.token_ids, "logprobs": generation.logprobs,
                   "finish_reason": generation.finish_reason}
         _, _, terminated, truncated, info = await env.astep(action)
+        if getattr(env, "stateful", False) and any(r["status"] == "sandbox_error" for r in info["tool_results"]):
+            # The executor failed mid-episode: the session's variables may be gone, so later cells would run on a
+            # state the model never built. Such an episode is not honest training data.
+            raise EpisodeAborted("the sandbox failed in a stateful episode (its session state is lost)")
         if terminated or truncated:
             return traj
 
