@@ -104,6 +104,15 @@ async def run_episode(
             return traj
 
 
+def sandbox_postfix(env: Any) -> dict[str, Any]:
+    """Queue depth and latency for the progress bar, from a sandbox that keeps them (`RaySandbox.stats()`)."""
+    stats = getattr(getattr(getattr(env, "unwrapped", env), "sandbox", None), "stats", None)
+    if stats is None:
+        return {}
+    s = stats()
+    return {"in_flight": s["in_flight"], "queued": s["queued"], "p99": f"{s['p99'] or 0:.2f}s"}
+
+
 def aborted_trajectory(problem: Problem, reason: str, prompt_ids: Sequence[int] = ()) -> Trajectory:
     """A placeholder for a failed episode: its prompt if it got that far, no completion, no reward, and why."""
     return Trajectory(prompt_ids=list(prompt_ids), problem_id=problem.id, gold=problem.answer, has_logprobs=False,
@@ -158,7 +167,8 @@ async def run_episodes(
                     stats["aborted"] += 1
                 stats["done"] += 1
                 bar.update(1)
-                bar.set_postfix(acc=f"{stats['correct'] / stats['done']:.2f}", aborted=stats["aborted"])
+                bar.set_postfix(acc=f"{stats['correct'] / stats['done']:.2f}", aborted=stats["aborted"],
+                                **sandbox_postfix(env))
         finally:
             env.close()
 

@@ -16,7 +16,7 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from retool_env import Problem, ToolEnvironment  # noqa: E402
-from retool_env.rollout import Generation, run_episodes  # noqa: E402
+from retool_env.rollout import Generation, run_episodes, sandbox_postfix  # noqa: E402
 from retool_env.sandbox import make_sandbox  # noqa: E402
 from retool_env.sandbox.ray_pool import RaySandbox, _Gate  # noqa: E402
 
@@ -127,6 +127,18 @@ def test_stateful_episodes_keep_each_session_on_one_actor(tiny_tok, pool):
     trajs = episodes(tiny_tok, pool, Solver(tiny_tok, cells=2), stateful=True)
     assert all(t.correct and t.num_tool_calls == 2 for t in trajs)  # `print(x)` elsewhere would be a NameError
     assert not pool._sessions  # every episode closed its session
+
+
+def test_processes_with_the_same_name_share_one_pool(tiny_tok, pool):
+    other = RaySandbox(resource="sandbox", resource_per_actor=1, timeout=10)  # another rank or worker, say
+    try:
+        assert other.run_sync("print(6 * 7)").stdout == "42\n"
+        assert sorted(other.actor_nodes()) == sorted(pool.actor_nodes())  # no second claim on the cluster
+    finally:
+        other.close()
+    assert pool.run_sync("print(1)").ok  # closing a named pool leaves its actors to their creator
+    postfix = sandbox_postfix(ToolEnvironment(tiny_tok, PROBLEMS, sandbox=pool))
+    assert postfix["in_flight"] == 0 and postfix["queued"] == 0 and postfix["p99"].endswith("s")
 
 
 def test_calls_beyond_the_limit_wait_in_the_queue(pool):

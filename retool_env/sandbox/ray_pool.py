@@ -108,6 +108,7 @@ class _Gate:
 class _Member:
     """One actor as the driver sees it."""
 
+    index: int  # its place in the pool: a replacement takes the same index (and name)
     handle: Any
     ref: Any  # of `start()`
     started: Any  # the same, as a concurrent.futures.Future that any event loop can wait on
@@ -140,7 +141,12 @@ class RaySandbox(Sandbox):
     Arguments:
         resource, resource_per_actor: see above.
         actors: how many actors to keep; default: as many as the cluster's `resource` allows when `start()` runs.
-        max_in_flight: calls at the actors at once, over the whole pool; default: the actors' concurrency summed.
+        name: actors are named `<name>-<i>` in Ray's `retool_env` namespace, so every process of a job that builds
+            a RaySandbox with the same name (TRL's ranks, verl's agent-loop workers) shares one pool rather than
+            each claiming the cluster; `close()` then leaves them to the process that created them. None: a private
+            pool, killed by `close()`.
+        max_in_flight: calls at the actors at once from this process; default: the actors' concurrency summed
+            (processes sharing a named pool split it: pass the total divided by the number of processes).
         max_queued: calls waiting for a slot in the pool's FIFO queue; further callers wait to enter it. Nothing is
             dropped or sent to a busy actor: back-pressure reaches the rollout, whose episodes wait.
         address: passed to `ray.init` when this process is not connected yet (`"auto"`: the running cluster).
@@ -161,6 +167,7 @@ class RaySandbox(Sandbox):
         resource: str = "CPU",
         resource_per_actor: float = 8,
         actors: int | None = None,
+        name: str | None = "retool-sandbox",
         max_in_flight: int | None = None,
         max_queued: int = 100_000,
         address: str | None = None,
@@ -174,6 +181,7 @@ class RaySandbox(Sandbox):
         self.resource = resource
         self.resource_per_actor = resource_per_actor
         self.target = actors
+        self.name = name
         self.max_in_flight = max_in_flight
         self.max_queued = max_queued
         self.address = address
@@ -220,7 +228,7 @@ class RaySandbox(Sandbox):
                     f"the Ray cluster has no room for a sandbox actor ({self.resource_per_actor:g} x "
                     f"{self.resource!r}); start sandbox nodes with `ray start --resources '{{\"{self.resource}\": 1}}'`"
                     f" or pass resource='CPU' with a smaller resource_per_actor")
-            members = [self._spawn() for _ in range(self.target)]
+            members = [self._spawn(index) for index in range(self.target)]
             try:
                 ray.get([m.ref for m in members], timeout=self.start_timeout)
             except GetTimeoutError:
@@ -232,11 +240,13 @@ class RaySandbox(Sandbox):
             self._health = threading.Thread(target=self._health_loop, name="retool-ray-sandbox-health", daemon=True)
             self._health.start()
 
-    def _spawn(self) -> _Member:
-        """A new actor; Ray places it. It serves calls once its `start()` has answered."""
-        handle = SandboxActor.options(**self._options).remote(dict(self._sandbox_kwargs))
+    def _spawn(self, index: int) -> _Member:
+        """A new actor (or, in a named pool, the one another process already started); Ray places it. It serves
+        calls once its `start()` has answered."""
+        named = {"name": f"{self.name}-{index}", "namespace": "retool_env", "get_if_exists": True} if self.name else {}
+        handle = SandboxActor.options(**self._options, **named).remote(dict(self._sandbox_kwargs))
         ref = handle.start.remote()
-        member = _Member(handle, ref, ref.future())
+        member = _Member(index, handle, ref, ref.future())
         with self._lock:
             self._members.append(member)
         member.started.add_done_callback(lambda future: self._on_started(member, future))
@@ -247,7 +257,7 @@ class RaySandbox(Sandbox):
             info = future.result()
         except Exception as exc:  # the node went away before the actor came up, or the sandbox refused to start
             logger.warning("a sandbox actor failed to start: %s", exc)
-            self._lose(member, replace=isinstance(exc, RayActorError))
+            self._lose(member, replace=False)  # the next health check starts another
             return
         with self._lock:
             member.node_id, member.capacity, member.ready = info["node_id"], info["concurrency"], member.alive
@@ -268,7 +278,7 @@ class RaySandbox(Sandbox):
         with contextlib.suppress(Exception):
             ray.kill(member.handle, no_restart=True)
         if replace and not self._closed:
-            self._spawn()
+            self._spawn(member.index)
 
     def _node(self, node_id: str) -> _NodeStats:
         return self._nodes.setdefault(node_id, _NodeStats())
@@ -281,7 +291,7 @@ class RaySandbox(Sandbox):
         """Ping every ready actor; kill and replace those that fail or stay silent. Returns how many were lost."""
         with self._lock:
             members = [m for m in self._members if m.ready]
-            missing = max(0, (self.target or 0) - len(self._members))
+            missing = set(range(self.target or 0)) - {m.index for m in self._members}
         pings = {m.handle.ping.remote(): m for m in members}
         answered, _ = ray.wait(list(pings), num_returns=len(pings), timeout=self.health_timeout)
         lost = 0
@@ -294,8 +304,9 @@ class RaySandbox(Sandbox):
                 logger.warning("sandbox actor on node %s failed its health check: %s", member.node_id[:8], exc)
                 self._lose(member)
                 lost += 1
-        for _ in range(missing):  # replacements that failed to start, or a pool that lost a spawn
-            self._spawn()
+        for index in sorted(missing):  # replacements that failed to start
+            if not self._closed:
+                self._spawn(index)
         return lost
 
     # -- calls ---------------------------------------------------------------------------------------------------
@@ -446,15 +457,17 @@ class RaySandbox(Sandbox):
         }
 
     def close(self) -> None:
-        """Kill the actors (their fork servers exit with them); the Ray cluster itself is left running."""
+        """Stop using the pool; kill a private pool's actors (their fork servers exit with them). A named pool's
+        actors stay for the other processes, and end with the process that created them. The cluster stays up."""
         self._closed = True
         self._stop.set()
         with self._lock:
             members, self._members = self._members, []
         for member in members:
             member.alive = False
-            with contextlib.suppress(Exception):
-                ray.kill(member.handle, no_restart=True)
+            if self.name is None:
+                with contextlib.suppress(Exception):
+                    ray.kill(member.handle, no_restart=True)
 
     def actor_nodes(self) -> list[str]:
         """The node id of every ready actor, for tests and placement checks."""
