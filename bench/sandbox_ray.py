@@ -89,6 +89,12 @@ def overhead(calls: int) -> dict:
 
 def nodes_and_failures(node_counts: list[int], calls: int, concurrency: int) -> tuple[list[dict], dict]:
     rows, failures = [], {}
+    with LocalSandbox() as local:  # the same machine without Ray: 4 calls executing at once (2 per core)
+        for name, code in SNIPPETS.items():
+            asyncio.run(drive(local, code, 2 * concurrency, concurrency))
+            rows.append({"nodes": "LocalSandbox", "snippet": name, "concurrency": concurrency,
+                         **asyncio.run(drive(local, code, calls, concurrency))})
+            print(json.dumps(rows[-1]), flush=True)
     for n in node_counts:
         cluster = Cluster(initialize_head=True, head_node_args={**NODE, "include_dashboard": False})
         for _ in range(n):
