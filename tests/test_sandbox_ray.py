@@ -9,12 +9,14 @@ import asyncio
 import json
 import re
 import time
+from types import SimpleNamespace
 
 import pytest
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
+from retool_adapters.trl import log_sandbox_metrics  # noqa: E402
 from retool_env import Problem, ToolEnvironment  # noqa: E402
 from retool_env.rollout import Generation, run_episodes, sandbox_postfix  # noqa: E402
 from retool_env.sandbox import make_sandbox  # noqa: E402
@@ -139,6 +141,10 @@ def test_processes_with_the_same_name_share_one_pool(tiny_tok, pool):
     assert pool.run_sync("print(1)").ok  # closing a named pool leaves its actors to their creator
     postfix = sandbox_postfix(ToolEnvironment(tiny_tok, PROBLEMS, sandbox=pool))
     assert postfix["in_flight"] == 0 and postfix["queued"] == 0 and postfix["p99"].endswith("s")
+    logged = {}
+    log_sandbox_metrics(SimpleNamespace(_log_metric=logged.__setitem__), pool)  # what the TRL adapter logs
+    assert logged["retool/sandbox/in_flight"] == 0 and logged["retool/sandbox/calls"] >= 1
+    assert {"retool/sandbox/queued", "retool/sandbox/p99", "retool/sandbox/retries"} <= set(logged)
 
 
 def test_calls_beyond_the_limit_wait_in_the_queue(pool):
