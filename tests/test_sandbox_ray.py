@@ -20,7 +20,7 @@ from retool_adapters.trl import log_sandbox_metrics  # noqa: E402
 from retool_env import Problem, ToolEnvironment  # noqa: E402
 from retool_env.rollout import Generation, run_episodes, sandbox_postfix  # noqa: E402
 from retool_env.sandbox import make_sandbox  # noqa: E402
-from retool_env.sandbox.ray_pool import RaySandbox, _Gate  # noqa: E402
+from retool_env.sandbox.ray_pool import RaySandbox  # noqa: E402
 
 SMALL = {"num_cpus": 1, "object_store_memory": 80 * 1024**2}
 PROBLEMS = [Problem(f"What is {a} * {b}?", str(a * b), id=f"p{a}") for a, b in
@@ -85,28 +85,6 @@ def test_make_sandbox_reads_options_from_the_spec():
     sandbox = make_sandbox("ray:resource=sandbox,resource_per_actor=1,actors=3,address=auto")
     assert isinstance(sandbox, RaySandbox) and sandbox.resource == "sandbox" and sandbox.target == 3
     assert sandbox.address == "auto" and sandbox._options["resources"] == {"sandbox": 1}
-
-
-def test_gate_is_fifo_and_hands_on_a_cancelled_slot():
-    async def main():
-        gate, order = _Gate(1), []
-
-        async def call(name):
-            await gate.acquire()
-            order.append(name)
-            await asyncio.sleep(0.01)
-            gate.release()
-
-        await gate.acquire()
-        tasks = [asyncio.create_task(call(n)) for n in "abc"]
-        await asyncio.sleep(0.01)
-        assert gate.waiting == 3
-        tasks[1].cancel()
-        gate.release()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        return order, gate.active
-
-    assert asyncio.run(main()) == (["a", "c"], 0)
 
 
 def test_one_actor_per_sandbox_node(cluster, pool):

@@ -15,8 +15,7 @@ import logging
 import os
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -24,9 +23,9 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 from .base import ExecResult, Sandbox, check_code
 from .local import LocalSandbox
+from .pool import Admission, PoolStats
 
 logger = logging.getLogger(__name__)
-_WINDOW = 4096  # latencies kept per node for p50/p99
 
 
 @ray.remote
@@ -55,55 +54,6 @@ class SandboxActor:
         return True
 
 
-class _Gate:
-    """A FIFO semaphore that callers on any event loop or thread can wait on (asyncio's belong to one loop)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.active = 0
-        self.waiters: deque[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = deque()
-        self._lock = threading.Lock()
-
-    async def acquire(self) -> None:
-        with self._lock:
-            if self.active < self.limit and not self.waiters:
-                self.active += 1
-                return
-            waiter = (asyncio.get_running_loop(), asyncio.get_running_loop().create_future())
-            self.waiters.append(waiter)
-        try:
-            await waiter[1]
-        except asyncio.CancelledError:
-            with self._lock:
-                if waiter in self.waiters:
-                    self.waiters.remove(waiter)
-            if waiter[1].done() and not waiter[1].cancelled():  # granted just before the cancellation: pass it on
-                self.release()
-            raise
-
-    def release(self) -> None:
-        """Hand the slot to the first waiter (on its own loop), or free it."""
-        with self._lock:
-            while self.waiters:
-                loop, future = self.waiters.popleft()
-                try:
-                    loop.call_soon_threadsafe(self._grant, future)
-                    return
-                except RuntimeError:  # that caller's loop is closed
-                    continue
-            self.active -= 1
-
-    def _grant(self, future: asyncio.Future) -> None:
-        if future.cancelled():
-            self.release()
-        else:
-            future.set_result(None)
-
-    @property
-    def waiting(self) -> int:
-        return len(self.waiters)
-
-
 @dataclass(eq=False)
 class _Member:
     """One actor as the driver sees it."""
@@ -118,17 +68,6 @@ class _Member:
     alive: bool = True
     in_flight: int = 0
     calls: int = 0
-
-
-@dataclass
-class _NodeStats:
-    actors: int = 0
-    in_flight: int = 0
-    calls: int = 0
-    errors: int = 0
-    retries: int = 0
-    lost: int = 0
-    latencies: deque = field(default_factory=lambda: deque(maxlen=_WINDOW))
 
 
 class RaySandbox(Sandbox):
@@ -199,12 +138,10 @@ class RaySandbox(Sandbox):
         self._sandbox_kwargs = sandbox_kwargs
         self._members: list[_Member] = []
         self._sessions: dict[str, _Member] = {}
-        self._nodes: dict[str, _NodeStats] = {}
-        self._latencies: deque[float] = deque(maxlen=_WINDOW)
-        self._lock = threading.Lock()
+        self._stats = PoolStats()
+        self._lock = self._stats.lock  # one lock for the routing state and its counters
         self._start_lock = threading.Lock()
-        self._queue: _Gate | None = None
-        self._in_flight: _Gate | None = None
+        self._admission: Admission | None = None
         self._stop = threading.Event()
         self._health: threading.Thread | None = None
         self._closed = False
@@ -216,7 +153,7 @@ class RaySandbox(Sandbox):
         with self._start_lock:
             if self._closed:
                 raise RuntimeError("this RaySandbox is closed")
-            if self._in_flight is not None:
+            if self._admission is not None:
                 return
             if not ray.is_initialized():
                 ray.init(address=self.address, ignore_reinit_error=True)
@@ -235,8 +172,7 @@ class RaySandbox(Sandbox):
                 raise RuntimeError(f"{self.target} sandbox actors did not all start within {self.start_timeout:g} s; "
                                    "is the resource free on enough nodes (`ray status`)?") from None
             capacity = sum(m.capacity for m in members)
-            self._in_flight = _Gate(self.max_in_flight or capacity)
-            self._queue = _Gate(self._in_flight.limit + self.max_queued)
+            self._admission = Admission(self.max_in_flight or capacity, self.max_queued)
             self._health = threading.Thread(target=self._health_loop, name="retool-ray-sandbox-health", daemon=True)
             self._health.start()
 
@@ -280,8 +216,8 @@ class RaySandbox(Sandbox):
         if replace and not self._closed:
             self._spawn(member.index)
 
-    def _node(self, node_id: str) -> _NodeStats:
-        return self._nodes.setdefault(node_id, _NodeStats())
+    def _node(self, node_id: str) -> Any:
+        return self._stats.node(node_id)
 
     def _health_loop(self) -> None:
         while not self._stop.wait(self.health_interval):
@@ -312,7 +248,7 @@ class RaySandbox(Sandbox):
     # -- calls ---------------------------------------------------------------------------------------------------
 
     async def _ensure_started(self) -> None:
-        if self._in_flight is None:
+        if self._admission is None:
             await asyncio.get_running_loop().run_in_executor(None, self.start)
 
     async def _pick(self, exclude: _Member | None = None) -> _Member | None:
@@ -363,27 +299,13 @@ class RaySandbox(Sandbox):
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         await self._ensure_started()
-        assert self._queue is not None and self._in_flight is not None
+        assert self._admission is not None
         kwargs = {"timeout": float(timeout or self.timeout), "session": session, "stdin": stdin,
                   "memory_mb": memory_mb}
         begin = time.perf_counter()
-        await self._queue.acquire()
-        try:
-            await self._in_flight.acquire()
-            try:
-                result, node_id = await (self._run_session(code, kwargs) if session else self._run_stateless(code, kwargs))
-            finally:
-                self._in_flight.release()
-        finally:
-            self._queue.release()
-        latency = time.perf_counter() - begin
-        with self._lock:
-            self._latencies.append(latency)
-            if node_id is not None:
-                stats = self._node(node_id)
-                stats.calls += 1
-                stats.latencies.append(latency)
-                stats.errors += result.status == "sandbox_error"
+        async with self._admission:
+            result, node_id = await (self._run_session(code, kwargs) if session else self._run_stateless(code, kwargs))
+        self._stats.record(node_id, time.perf_counter() - begin, result)
         return result
 
     async def _run_stateless(self, code: str, kwargs: dict[str, Any]) -> tuple[ExecResult, str | None]:
@@ -434,27 +356,12 @@ class RaySandbox(Sandbox):
     # -- reporting and shutdown ----------------------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        """In flight, queued, p50/p99 latency (seconds, from `run` to its answer), errors and retries, per node too.
-
-        `errors` counts `sandbox_error` answers, `retries` stateless calls moved after their actor was lost, `lost`
-        actors taken out of the pool.
-        """
+        """In flight, queued, p50/p99 latency (seconds, from `run` to its answer), and per node id: ready actors,
+        calls, `errors` (`sandbox_error` answers), `retries` (stateless calls moved after an actor there was lost) and
+        `lost` actors; `starting`: actors Ray has not placed or started yet."""
         with self._lock:
-            nodes = {node_id: {"actors": s.actors, "in_flight": s.in_flight, "calls": s.calls, "errors": s.errors,
-                               "retries": s.retries, "lost": s.lost, **_percentiles(s.latencies)}
-                     for node_id, s in self._nodes.items()}
             starting = sum(not m.ready for m in self._members)
-            latencies = list(self._latencies)
-        queued = (self._queue.active - self._in_flight.active + self._queue.waiting) if self._queue else 0
-        return {
-            "actors": sum(n["actors"] for n in nodes.values()),
-            "starting": starting,
-            "in_flight": self._in_flight.active if self._in_flight else 0,
-            "queued": queued,
-            **{key: sum(n[key] for n in nodes.values()) for key in ("calls", "errors", "retries", "lost")},
-            **_percentiles(latencies),
-            "nodes": nodes,
-        }
+        return self._stats.report(self._admission, starting=starting)
 
     def close(self) -> None:
         """Stop using the pool; kill a private pool's actors (their fork servers exit with them). A named pool's
@@ -478,10 +385,3 @@ class RaySandbox(Sandbox):
 def _session_lost(member: _Member) -> ExecResult:
     return ExecResult.failure("sandbox_error", f"SandboxError: the sandbox holding this session's state was lost "
                                                f"(node {member.node_id[:8]}); the episode cannot continue")
-
-
-def _percentiles(latencies: Any) -> dict[str, float | None]:
-    ordered = sorted(latencies)
-    if not ordered:
-        return {"p50": None, "p99": None}
-    return {"p50": ordered[len(ordered) // 2], "p99": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]}
