@@ -108,6 +108,14 @@ def test_stateful_episodes_keep_each_session_on_one_actor(tiny_tok, pool):
     assert all(t.correct and t.num_tool_calls == 2 for t in trajs)  # `print(x)` elsewhere would be a NameError
     assert not pool._sessions  # every episode closed its session
 
+    async def one_turn_two_cells():  # a turn's tool calls run together; they must land on the same actor
+        await asyncio.gather(pool.run("x = 1", session="turn"), pool.run("y = 2", session="turn"))
+        result = await pool.run("print(x + y)", session="turn")
+        await pool.close_session("turn")
+        return result
+
+    assert asyncio.run(one_turn_two_cells()).stdout == "3\n"
+
 
 def test_processes_with_the_same_name_share_one_pool(tiny_tok, pool):
     other = RaySandbox(resource="sandbox", resource_per_actor=1, timeout=10)  # another rank or worker, say

@@ -229,7 +229,7 @@ class RaySandbox(Sandbox):
             members = [m for m in self._members if m.ready]
             missing = set(range(self.target or 0)) - {m.index for m in self._members}
         pings = {m.handle.ping.remote(): m for m in members}
-        answered, _ = ray.wait(list(pings), num_returns=len(pings), timeout=self.health_timeout)
+        answered = ray.wait(list(pings), num_returns=len(pings), timeout=self.health_timeout)[0] if pings else []
         lost = 0
         for ref, member in pings.items():
             try:
@@ -260,15 +260,19 @@ class RaySandbox(Sandbox):
                 starting = [m.started for m in self._members if not m.ready]
                 if ready:
                     member = min(ready, key=lambda m: (m.in_flight / m.capacity, m.calls))
-                    member.in_flight += 1
-                    member.calls += 1
-                    self._node(member.node_id).in_flight += 1
+                    self._claim(member)
                     return member
             remaining = deadline - time.monotonic()
             if not starting or remaining <= 0:
                 return None
             await asyncio.wait([asyncio.wrap_future(f) for f in starting], timeout=remaining,
                                return_when=asyncio.FIRST_COMPLETED)
+
+    def _claim(self, member: _Member, calls: int = 1) -> None:
+        """Count a call on `member` (`calls=-1` hands a claim back); with `_lock` held."""
+        member.in_flight += calls
+        member.calls += calls
+        self._node(member.node_id).in_flight += calls
 
     async def _call(self, member: _Member, code: str, kwargs: dict[str, Any]) -> ExecResult:
         """One call on one actor; raises `RayActorError` when the actor is lost (or silent past the margin)."""
@@ -278,7 +282,11 @@ class RaySandbox(Sandbox):
         except asyncio.TimeoutError:
             with contextlib.suppress(Exception):
                 ray.cancel(ref)
-            raise RayActorError() from None  # an actor that overruns every deadline counts as lost
+            raise RayActorError(error_msg="no answer within the call's timeout and margin") from None
+        except asyncio.CancelledError:  # the episode gave up: stop the call on the actor too
+            with contextlib.suppress(Exception):
+                ray.cancel(ref)
+            raise
         finally:
             with self._lock:
                 member.in_flight -= 1
@@ -328,19 +336,22 @@ class RaySandbox(Sandbox):
         return ExecResult.failure("sandbox_error", note), lost.node_id if lost else None
 
     async def _run_session(self, code: str, kwargs: dict[str, Any]) -> tuple[ExecResult, str | None]:
-        member = self._sessions.get(kwargs["session"])
+        session = kwargs["session"]
+        member = self._sessions.get(session)
         if member is None:
-            member = await self._pick()
-            if member is None:
+            picked = await self._pick()
+            if picked is None:
                 return ExecResult.failure("sandbox_error", "SandboxError: no sandbox actor is ready"), None
-            self._sessions[kwargs["session"]] = member
+            with self._lock:  # a turn's calls arrive together: the first to get here places the session
+                member = self._sessions.setdefault(session, picked)
+                if member is not picked:
+                    self._claim(picked, -1)
+                    self._claim(member)
         elif not member.alive:
             return _session_lost(member), member.node_id
         else:
             with self._lock:
-                member.in_flight += 1
-                member.calls += 1
-                self._node(member.node_id).in_flight += 1
+                self._claim(member)
         try:
             return await self._call(member, code, kwargs), member.node_id
         except RayActorError:
