@@ -168,7 +168,7 @@ async def run_episodes(
                 stats["done"] += 1
                 bar.update(1)
                 bar.set_postfix(acc=f"{stats['correct'] / stats['done']:.2f}", aborted=stats["aborted"],
-                                **sandbox_postfix(env))
+                                **(sandbox_postfix(env) if progress else {}))
         finally:
             env.close()
 
