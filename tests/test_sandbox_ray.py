@@ -128,6 +128,10 @@ def test_processes_with_the_same_name_share_one_pool(tiny_tok, pool):
     finally:
         other.close()
     assert pool.run_sync("print(1)").ok  # closing a named pool leaves its actors to their creator
+    env = ToolEnvironment(tiny_tok, PROBLEMS, sandbox="ray:resource=sandbox,resource_per_actor=1")  # a config's way
+    assert isinstance(env.sandbox, RaySandbox) and env.sandbox.run_sync("print(2)").stdout == "2\n"
+    assert sorted(env.sandbox.actor_nodes()) == sorted(pool.actor_nodes())
+    env.sandbox.close()
     postfix = sandbox_postfix(ToolEnvironment(tiny_tok, PROBLEMS, sandbox=pool))
     assert postfix["in_flight"] == 0 and postfix["queued"] == 0 and postfix["p99"].endswith("s")
     logged = {}

@@ -221,6 +221,8 @@ class RaySandbox(Sandbox):
 
     def _health_loop(self) -> None:
         while not self._stop.wait(self.health_interval):
+            if not ray.is_initialized():  # the driver shut Ray down; a Ray call here would start a new one
+                return
             with contextlib.suppress(Exception):  # Ray shutting down under us; `close()` stops this loop
                 self.check_health()
 
