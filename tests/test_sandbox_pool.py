@@ -58,8 +58,8 @@ def test_gate_serves_callers_on_different_event_loops():
     assert gate.active == 0
 
 
-def start_server():
-    proc = subprocess.Popen([sys.executable, "-m", "retool_env.cli", "sandbox", "serve", "--port", "0",
+def start_server(port=0):
+    proc = subprocess.Popen([sys.executable, "-m", "retool_env.cli", "sandbox", "serve", "--port", str(port),
                              "--max-concurrency", "4"], stdout=subprocess.PIPE, text=True, start_new_session=True)
     line = proc.stdout.readline()
     assert "run_code" in line, line
@@ -105,6 +105,22 @@ def test_a_server_killed_mid_run_costs_retries_not_results(servers):
     assert stats["nodes"][first_url]["calls"] > 0 and stats["nodes"][second_url]["calls"] > 0  # both served
     assert stats["retries"] >= 1 and stats["nodes"][first_url]["lost"] == 1 and stats["actors"] == 1
     assert stats["in_flight"] == 0 and stats["queued"] == 0 and stats["p50"] <= stats["p99"]
+
+    restarted, _ = start_server(int(first_url.rsplit(":", 1)[1].split("/")[0]))  # the node comes back
+    try:
+        async def until_both_up():
+            for _ in range(100):
+                await asyncio.gather(*(pool.run("print(1)") for _ in range(4)))
+                if pool.stats()["actors"] == 2:
+                    break
+                await asyncio.sleep(0.1)
+            await pool.aclose()
+
+        asyncio.run(until_both_up())
+        assert pool.stats()["actors"] == 2  # a probe passed, and it is routed to again
+    finally:
+        os.killpg(restarted.pid, signal.SIGTERM)
+        restarted.wait(timeout=30)
 
 
 def test_calls_beyond_the_limit_queue_and_a_down_pool_says_so(servers):

@@ -202,6 +202,7 @@ class SandboxFusionPool(Sandbox):
         self.health_interval = health_interval
         self.admission = Admission(max_in_flight or per_endpoint * len(self.endpoints), max_queued)
         self._stats = PoolStats()
+        self._probes: set[asyncio.Future] = set()
         for endpoint in self.endpoints:
             self._stats.node(endpoint.client.url).actors = 1
 
@@ -221,13 +222,17 @@ class SandboxFusionPool(Sandbox):
         return None
 
     async def check_health(self, only_due: bool = True) -> int:
-        """Probe the endpoints that are down (those due for it); returns how many are up."""
-        now = time.monotonic()
-        due = [e for e in self.endpoints if not e.up and (not only_due or e.next_probe <= now)]
-        for endpoint in due:
-            endpoint.next_probe = now + self.health_interval
-        await asyncio.gather(*(self._probe(e) for e in due))
+        """Probe the endpoints that are down (only those due for it); returns how many are up."""
+        await asyncio.gather(*(self._probe(e) for e in self._due_for_probe(only_due)))
         return sum(e.up for e in self.endpoints)
+
+    def _due_for_probe(self, only_due: bool = True) -> list[_Endpoint]:
+        now = time.monotonic()
+        with self._stats.lock:
+            due = [e for e in self.endpoints if not e.up and (not only_due or e.next_probe <= now)]
+            for endpoint in due:
+                endpoint.next_probe = now + self.health_interval
+        return due
 
     async def _probe(self, endpoint: _Endpoint) -> None:
         result = await endpoint.client.run("print(1)", timeout=5)
@@ -256,7 +261,10 @@ class SandboxFusionPool(Sandbox):
         if bad is not None:
             return bad
         begin = time.perf_counter()
-        await self.check_health()
+        for endpoint in self._due_for_probe():  # in the background: no caller waits on a probe while others are up
+            task = asyncio.ensure_future(self._probe(endpoint))
+            self._probes.add(task)
+            task.add_done_callback(self._probes.discard)
         async with self.admission:
             failed: _Endpoint | None = None
             key: str | None = None
