@@ -6,8 +6,9 @@ Every sample is one episode of `ToolEnvironment`, played by `retool_env.rollout.
 backend from `retool_adapters.generators`: Hugging Face `generate` (`hf`), an in-process vLLM engine (`vllm`) or an
 OpenAI-compatible completions server taking token-id prompts (`openai`: vLLM or SGLang serving the model).
 
-    # Offline CPU smoke run: a tiny random Qwen2 on procedural problems (training/configs/eval_tiny_cpu.yaml)
-    python training/eval.py          # or: retool-env eval --config training/configs/eval_tiny_cpu.yaml
+    # Offline CPU smoke run: a tiny random Qwen2 on procedural problems (training/configs/eval_tiny_cpu.yaml, the
+    # default config); every flag applies on top of it
+    retool-env eval --limit 2        # or: python training/eval.py --limit 2
 
     # The paper's protocol on AIME 2024: 32 samples per problem, T=1.0, top-p 0.7, up to 16384 tokens, vLLM
     python training/eval.py --config training/configs/eval_qwen3_4b_aime24.yaml --model runs/sft-qwen3-4b-retool
@@ -16,8 +17,9 @@ Writes `<out>/per_problem.jsonl`, `<out>/report.md`, `<out>/metrics.json` and `<
 `retool_env.evaluation.evaluate(problems, generator, tokenizer, ...)` returns the metrics dict (and writes the same
 files when given `out`); the metrics are described there.
 
-Arguments come from four dataclasses, read by `TrlParser` from a YAML file (`--config`) and the command line alike:
-`ModelArguments`, `DataArguments`, `EnvArguments` (`retool_env.EnvConfig` plus concurrency) and `OutputArguments`.
+Arguments come from four dataclasses, read from a YAML file (`--config`, default: the CPU smoke config) and the
+command line, which wins: `ModelArguments`, `DataArguments`, `EnvArguments` (`retool_env.EnvConfig` plus
+concurrency) and `OutputArguments`.
 """
 
 from __future__ import annotations
@@ -89,27 +91,24 @@ class OutputArguments:
 
 
 def make_parser():
-    from trl import TrlParser
+    from retool_adapters.scripts import CONFIGS, ScriptParser
 
-    return TrlParser((ModelArguments, DataArguments, EnvArguments, OutputArguments),
-                     description="Evaluate a tool-using math model with ReTool-Env.")
+    return ScriptParser((ModelArguments, DataArguments, EnvArguments, OutputArguments),
+                        default_config=CONFIGS / "eval_tiny_cpu.yaml", prog="retool-env eval",
+                        description="Evaluate a tool-using math model with ReTool-Env: mean@n, pass@k, maj@k and tool "
+                                    "use, per level. Without --config: the offline CPU smoke run.")
 
 
-def parse_args(argv: Sequence[str]) -> tuple[ModelArguments, DataArguments, EnvArguments, OutputArguments]:
-    """The four argument dataclasses from `--config file.yaml` (optional) and the command line, which wins."""
-    parser = make_parser()
-    *parsed, unknown_in_config, unknown = parser.parse_args_and_config(
-        list(argv), return_remaining_strings=True, separate_remaining_strings=True)
-    if unknown_in_config:
-        raise ValueError(f"the config file has unknown arguments {unknown_in_config[::2]}")
-    if unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    return tuple(parsed)  # type: ignore[return-value]
+def parse_args(argv: Sequence[str] | None = None) -> tuple[ModelArguments, DataArguments, EnvArguments,
+                                                           OutputArguments]:
+    """The four argument dataclasses from `--config file.yaml` (default: the CPU smoke config) and the command line,
+    which wins."""
+    return make_parser().parse_args_and_config(argv)  # type: ignore[return-value]
 
 
 def load_generator(args: ModelArguments, out: str | Path) -> tuple[Any, Any]:
     """The generator and tokenizer for a backend; heavy imports happen only for the backend asked for."""
-    from transformers import AutoTokenizer
+    from retool_adapters.scripts import UsageError, load_tokenizer
 
     if args.backend == "hf":
         from transformers import AutoModelForCausalLM
@@ -120,37 +119,48 @@ def load_generator(args: ModelArguments, out: str | Path) -> tuple[Any, Any]:
             from retool_adapters.offline_models import build_tiny_qwen
 
             args.model = str(build_tiny_qwen(Path(out) / "tiny-model"))
+        tokenizer = load_tokenizer(args.tokenizer or args.model)  # first: its error names the fix
         model = AutoModelForCausalLM.from_pretrained(args.model, dtype=args.dtype)
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
         return HFGenerator(model, tokenizer, device=args.device), tokenizer
+    if args.backend not in ("vllm", "openai"):
+        raise UsageError(f"--backend {args.backend}: unknown backend; choose hf, vllm or openai")
     if args.model is None:
-        raise ValueError(f"backend {args.backend!r} needs --model (the model folder, Hub id or served name)")
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
-    if args.backend == "vllm":
-        import vllm
-
-        from retool_adapters.generators import VLLMEngineGenerator
-
-        engine = vllm.LLM(model=args.model, tokenizer=args.tokenizer or args.model, dtype=args.dtype,
-                          tensor_parallel_size=args.tensor_parallel_size, max_model_len=args.max_model_len,
-                          gpu_memory_utilization=args.gpu_memory_utilization)
-        return VLLMEngineGenerator(engine), tokenizer
+        raise UsageError(f"--backend {args.backend} needs --model (the model folder, Hub id or served name)")
+    if args.backend == "openai" and not args.base_url:
+        raise UsageError("--backend openai needs --base_url, e.g. --base_url http://localhost:8000/v1")
+    tokenizer = load_tokenizer(args.tokenizer or args.model)
     if args.backend == "openai":
         from retool_adapters.generators import OpenAICompletionsGenerator
 
-        if not args.base_url:
-            raise ValueError("backend openai needs --base_url, e.g. http://localhost:8000/v1")
         return OpenAICompletionsGenerator(args.base_url, args.model), tokenizer
-    raise ValueError(f"unknown backend {args.backend!r}; choose hf, vllm or openai")
+    try:
+        import vllm
+    except ModuleNotFoundError as exc:
+        raise UsageError("--backend vllm needs vLLM: pip install -e '.[gpu]' on a GPU machine (README, GPU "
+                         "quickstart), or --backend openai against a running server") from exc
+
+    from retool_adapters.generators import VLLMEngineGenerator
+
+    engine = vllm.LLM(model=args.model, tokenizer=args.tokenizer or args.model, dtype=args.dtype,
+                      tensor_parallel_size=args.tensor_parallel_size, max_model_len=args.max_model_len,
+                      gpu_memory_utilization=args.gpu_memory_utilization)
+    return VLLMEngineGenerator(engine), tokenizer
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """The command line (`retool-env eval ARGS`, `python training/eval.py ARGS`)."""
+    """The command line (`retool-env eval ARGS`, `python training/eval.py ARGS`): the metrics dict."""
+    from retool_adapters.scripts import run
+
+    return run(evaluate_from_args, make_parser(), argv)
+
+
+def evaluate_from_args(model_args: ModelArguments, data_args: DataArguments, env_args: EnvArguments,
+                       output_args: OutputArguments) -> dict[str, Any]:
+    """Load the problems and the backend, play, score, write the report."""
+    from retool_adapters.scripts import UsageError
     from retool_env.data import arith_split, load_problems
     from retool_env.evaluation import evaluate
     from retool_env.rollout import SamplingParams
-
-    model_args, data_args, env_args, output_args = parse_args(argv)
 
     # 1. The problems (procedural ones from their held-out test split unless told otherwise).
     if data_args.dataset == "arith":
@@ -159,9 +169,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         problems = load_problems(data_args.dataset, split=data_args.split)
         problems = [p for p in problems if not data_args.levels or p.level in data_args.levels][:data_args.limit]
     if not problems:
-        raise ValueError(f"no problems in {data_args.dataset!r} (split {data_args.split}, levels {data_args.levels})")
+        raise UsageError(f"--dataset {data_args.dataset}: no problems (split {data_args.split}, levels "
+                         f"{data_args.levels}, limit {data_args.limit})")
 
     # 2. The backend.
+    random_model = model_args.model is None and model_args.backend == "hf"
     generator, tokenizer = load_generator(model_args, output_args.out)
 
     # 3. Play and score: n samples of each problem, every one a full episode with the interpreter.
@@ -185,5 +197,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(f"{metrics['num_problems']} problems x {n}: mean@{n} {metrics[f'mean@{n}']:.3f}, pass@{k} "
           f"{metrics[f'pass@{k}']:.3f}, maj@{k} {metrics[f'maj@{k}']:.3f}, code ratio "
           f"{metrics['tools']['code_ratio']}; report: {Path(output_args.out) / 'report.md'}")
+    if random_model:
+        print("(a smoke run: the model is a tiny random one, so zero accuracy is expected; pass --model to evaluate "
+              "a real checkpoint)")
     return metrics
 

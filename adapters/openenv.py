@@ -30,12 +30,17 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 import numpy as np
-from openenv.core.client_types import StepResult
-from openenv.core.env_client import EnvClient
-from openenv.core.env_server.http_server import create_fastapi_app
-from openenv.core.env_server.interfaces import Environment
-from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
-from pydantic import Field
+
+try:
+    from openenv.core.client_types import StepResult
+    from openenv.core.env_client import EnvClient
+    from openenv.core.env_server.http_server import create_fastapi_app
+    from openenv.core.env_server.interfaces import Environment
+    from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
+    from pydantic import Field
+except ModuleNotFoundError as exc:
+    raise ModuleNotFoundError(f"retool_adapters.openenv needs OpenEnv: pip install openenv-core (missing {exc.name})",
+                              name=exc.name) from exc
 
 from retool_env.data import Problem
 from retool_env.env import ToolEnvironment

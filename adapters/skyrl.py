@@ -27,8 +27,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput, ConversationType
-from skyrl_gym.envs.registration import register, registry
+try:
+    from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput, ConversationType
+    from skyrl_gym.envs.registration import register, registry
+except ModuleNotFoundError as exc:
+    raise ModuleNotFoundError(f"retool_adapters.skyrl needs SkyRL-gym: pip install skyrl-gym (missing {exc.name})",
+                              name=exc.name) from exc
 
 from retool_env.data import Problem
 from retool_env.env import ToolEnvironment, load_tokenizer

@@ -53,7 +53,7 @@ from retool_env.rewards import EpisodeStats, get_reward_fn
 from retool_env.rollout import EpisodeAborted, Generation, SamplingParams, run_episode
 from retool_env.trajectory import Trajectory
 
-from .generators._common import DEFAULT_SAMPLING, LogprobsMismatchError
+from .generators._common import DEFAULT_SAMPLING, LogprobsMismatchError, TurnGenerator
 from .generators.openai_completions import OpenAICompletionsGenerator
 
 __all__ = ["SGLangGenerator", "VLLMRouterGenerator", "drop_aborted_groups", "fill_sample", "generate", "reward_func"]
@@ -70,7 +70,21 @@ def _finish(reason: Any) -> str:
     return reason if reason in ("stop", "length", "abort") else "abort"
 
 
-class SGLangGenerator(OpenAICompletionsGenerator):
+class _EngineClient(OpenAICompletionsGenerator):
+    """A router client whose `request` also returns the engine's `meta_info`; `generate` keeps the turn only."""
+
+    async def _generate(
+        self, prompt_ids: list[int], max_tokens: int, stop_token_ids: list[int], stop: list[str],
+        sampling: SamplingParams,
+    ) -> Generation:
+        return (await self.request(prompt_ids, max_tokens=max_tokens, stop_token_ids=stop_token_ids, stop=stop,
+                                   sampling=sampling))[0]
+
+    async def request(self, prompt_ids: Sequence[int], **kwargs: Any) -> tuple[Generation, dict[str, Any]]:
+        raise NotImplementedError
+
+
+class SGLangGenerator(_EngineClient):
     """SGLang's native `/generate` with token ids in and `meta_info.output_token_logprobs` out.
 
     `no_stop_trim` keeps a stop string's tokens in the output, so the returned ids are everything sampled.
@@ -79,19 +93,6 @@ class SGLangGenerator(OpenAICompletionsGenerator):
     def __init__(self, base_url: str, **kwargs: Any) -> None:
         super().__init__(base_url, model="", **kwargs)
         self.url = base_url.rstrip("/") + "/generate"
-
-    async def generate(
-        self,
-        prompt_ids: Sequence[int],
-        *,
-        max_tokens: int,
-        stop_token_ids: Sequence[int] = (),
-        stop: Sequence[str] = (),
-        sampling: SamplingParams = DEFAULT_SAMPLING,
-    ) -> Generation:
-        """Generate one turn with one `/generate` request."""
-        return (await self.request(prompt_ids, max_tokens=max_tokens, stop_token_ids=stop_token_ids, stop=stop,
-                                   sampling=sampling))[0]
 
     async def request(
         self,
@@ -134,26 +135,13 @@ def parse_sglang_output(body: Mapping[str, Any]) -> Generation:
                       finish_reason=reason)
 
 
-class VLLMRouterGenerator(OpenAICompletionsGenerator):
+class VLLMRouterGenerator(_EngineClient):
     """vLLM's token-in/token-out `/inference/v1/generate` (vime's router), with `model` as vime sends it."""
 
     def __init__(self, base_url: str, model: str | None = None, **kwargs: Any) -> None:
         super().__init__(base_url, model=model or "", **kwargs)
         self.url = base_url.rstrip("/") + "/inference/v1/generate"
         self.model = model
-
-    async def generate(
-        self,
-        prompt_ids: Sequence[int],
-        *,
-        max_tokens: int,
-        stop_token_ids: Sequence[int] = (),
-        stop: Sequence[str] = (),
-        sampling: SamplingParams = DEFAULT_SAMPLING,
-    ) -> Generation:
-        """Generate one turn with one `/inference/v1/generate` request."""
-        return (await self.request(prompt_ids, max_tokens=max_tokens, stop_token_ids=stop_token_ids, stop=stop,
-                                   sampling=sampling))[0]
 
     async def request(
         self,
@@ -208,7 +196,7 @@ def parse_vllm_choice(choice: Mapping[str, Any]) -> Generation:
     return Generation(token_ids=list(token_ids), logprobs=[float(v) for v in logprobs], finish_reason=reason)
 
 
-class _EpisodeTurns:
+class _EpisodeTurns(TurnGenerator):
     """The Generator of one episode: adds the rollout's own params to each request and keeps each turn's meta_info."""
 
     def __init__(self, client: SGLangGenerator | VLLMRouterGenerator, sampling_params: Mapping[str, Any]) -> None:
@@ -219,14 +207,9 @@ class _EpisodeTurns:
         self.extra_params = dict(sampling_params) if isinstance(client, SGLangGenerator) else {}
         self.metas: list[dict[str, Any]] = []
 
-    async def generate(
-        self,
-        prompt_ids: Sequence[int],
-        *,
-        max_tokens: int,
-        stop_token_ids: Sequence[int] = (),
-        stop: Sequence[str] = (),
-        sampling: SamplingParams = DEFAULT_SAMPLING,
+    async def _generate(
+        self, prompt_ids: list[int], max_tokens: int, stop_token_ids: list[int], stop: list[str],
+        sampling: SamplingParams,
     ) -> Generation:
         generation, meta = await self.client.request(
             prompt_ids, max_tokens=max_tokens, stop_token_ids=[*stop_token_ids, *self.stop_token_ids],

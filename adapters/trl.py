@@ -30,6 +30,7 @@ from collections.abc import Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from retool_adapters.chat_templates import training_env_kwargs
 from retool_env.data import Problem
 from retool_env.rollout import Generator, SamplingParams, run_episodes
 from retool_env.trajectory import ToolStatus, Trajectory
@@ -110,6 +111,10 @@ class ReToolRollout:
             raise ValueError("ReToolRollout needs the problems its prompts come from")
         if "dataset" in env_kwargs:
             raise ValueError("pass the problems as ReToolRollout's first argument, not as `dataset`")
+        if env_kwargs.get("sample_mode", "episode") != "episode":
+            raise ValueError("TRL's rollout_func returns one completion per prompt, so an episode must be one sample: "
+                             "keep sample_mode='episode' (a template that rewrites history is then swapped for "
+                             "TRL's prefix-preserving training version)")
         self.problems = list(problems)
         self.by_question = index_problems(self.problems)
         self.tokenizer = tokenizer
@@ -182,8 +187,9 @@ class ReToolRollout:
     def _env_factory(self, trainer: Any) -> Callable[[], Any]:
         from retool_env.env import ToolEnvironment
 
-        kwargs = {"max_completion_tokens": trainer.args.max_completion_length, **self.env_kwargs}
         tokenizer = self.tokenizer if self.tokenizer is not None else trainer.processing_class
+        self.env_kwargs = training_env_kwargs(tokenizer, self.env_kwargs)  # logs once: then the template is chosen
+        kwargs = {"max_completion_tokens": trainer.args.max_completion_length, **self.env_kwargs}
         return lambda: ToolEnvironment(tokenizer, self.problems, **kwargs)
 
     def _spare_env(self, make_env: Callable[[], Any]) -> Any:

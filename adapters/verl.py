@@ -29,19 +29,20 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from uuid import uuid4
 
+from retool_adapters.chat_templates import training_env_kwargs
 from retool_env.data import Problem
 from retool_env.env import ToolEnvironment
 from retool_env.rollout import EpisodeAborted, Generation, SamplingParams, run_episode
 from retool_env.trajectory import Trajectory
 
-from .generators._common import DEFAULT_SAMPLING, LogprobsMismatchError
+from .generators._common import LogprobsMismatchError, TurnGenerator
 
 __all__ = ["AGENT_NAME", "VerlServerGenerator", "agent_loop_fields", "problem_from_row"]
 
 AGENT_NAME = "retool_env"
 
 
-class VerlServerGenerator:
+class VerlServerGenerator(TurnGenerator):
     """A `Generator` over verl's `LLMServerClient` / `AsyncLLMServerManager` (`generate(request_id, prompt_ids=,
     sampling_params=) -> TokenOutput`).
 
@@ -59,18 +60,11 @@ class VerlServerGenerator:
         self.base_params = dict(base_params or {})
         self.backend = backend
 
-    async def generate(
-        self,
-        prompt_ids: Sequence[int],
-        *,
-        max_tokens: int,
-        stop_token_ids: Sequence[int] = (),
-        stop: Sequence[str] = (),
-        sampling: SamplingParams = DEFAULT_SAMPLING,
+    async def _generate(
+        self, prompt_ids: list[int], max_tokens: int, stop_token_ids: list[int], stop: list[str],
+        sampling: SamplingParams,
     ) -> Generation:
         """Generate one turn with one server-manager call."""
-        if max_tokens <= 0:
-            return Generation(token_ids=[], logprobs=[], finish_reason="length")
         params = {**self.base_params, "temperature": sampling.temperature, "top_p": sampling.top_p,
                   "top_k": sampling.top_k, "max_tokens": max_tokens, "stop": list(stop),
                   "stop_token_ids": list(stop_token_ids), "skip_special_tokens": False,
@@ -138,8 +132,12 @@ else:
         def __init__(self, *args: Any, env_kwargs: Mapping[str, Any] | None = None, backend: str | None = None,
                      **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self.env_kwargs = {"max_completion_tokens": int(self.config.actor_rollout_ref.rollout.response_length),
-                               **dict(env_kwargs or {})}
+            env_kwargs = {"max_completion_tokens": int(self.config.actor_rollout_ref.rollout.response_length),
+                          **dict(env_kwargs or {})}
+            if env_kwargs.get("sample_mode", "episode") != "episode":  # AgentLoopOutput holds one sequence
+                raise ValueError("verl's agent loop returns one sequence per sample: keep sample_mode='episode' (a "
+                                 "template that rewrites history is swapped for TRL's training version)")
+            self.env_kwargs = training_env_kwargs(self.tokenizer, env_kwargs)
             self.backend = backend or str(self.config.actor_rollout_ref.rollout.get("name", "vllm"))
 
         async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:

@@ -8,7 +8,9 @@ Three measurements:
    - "math-verify": `verify(parse("\\boxed{gold}"), parse("\\boxed{pred}"))` in this process's main thread, its
      best case (its signal timeouts only work there), with its default 5 s timeouts, as ours.
    - "strict box": verl's `math_dapo` strict check on `\\boxed{pred}`.
-2. Agreement with the expected verdict on the case table (tests/fixtures/grading/cases.json), and false positives.
+2. Agreement with the expected verdict on the case table (tests/fixtures/grading/cases.json), and false positives;
+   then the reward path on whole responses (tests/fixtures/grading/responses.json): `grade` against math-verify
+   alone on the same text (`verify(parse("$gold$"), parse(response))`).
 3. A fuzz of `grade` over generated text (integers, rewritten and corrupted MATH-500 golds, hostile LaTeX) from 4
    threads sharing the worker pool: exceptions, timeouts, and hangs (a call over HANG_S).
 
@@ -36,6 +38,30 @@ from retool_env.grading import grade, grading_stats, is_equivalent, strict_box_c
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "grading"
 FUZZ_TIMEOUT = grading.DEFAULT_TIMEOUT
 HANG_S = 2 * FUZZ_TIMEOUT + 5.0  # one busy worker ahead, the call itself, and a killed worker's restart
+
+
+def load_responses() -> list[dict]:
+    return json.loads((FIXTURES / "responses.json").read_text())["cases"]
+
+
+def responses_agreement(responses: list[dict]) -> dict[str, dict[str, int]]:
+    """Right verdicts and false positives of the two reward paths on whole model responses."""
+    from math_verify import parse, verify
+
+    def mv(case: dict) -> bool:
+        try:
+            return bool(verify(parse("$" + case["gold"] + "$"), parse(case["response"])))
+        except BaseException:  # its TimeoutException is a BaseException
+            return False
+
+    paths = {"retool_env grade": lambda case: grade(case["response"], case["gold"]).correct, "math-verify": mv}
+    out = {}
+    for name, fn in paths.items():
+        verdicts = [fn(case) for case in responses]
+        out[name] = {"right": sum(v == c["expected"] for v, c in zip(verdicts, responses, strict=True)),
+                     "false_positives": sum(v and not c["expected"] for v, c in zip(verdicts, responses, strict=True)),
+                     "cases": len(responses)}
+    return out
 
 
 def load() -> tuple[list[dict], list[str], dict[str, list[str]]]:
@@ -178,6 +204,7 @@ def main() -> None:
                                 for v, c in zip(verdicts, cases, strict=True) if c["expected"] and not v],
         }
 
+    responses = responses_agreement(load_responses())
     fuzz = run_fuzz(fuzz_texts(args.fuzz, math500, integers)) if args.fuzz else None
 
     print(f"\nGrading: microseconds per call (mean / p50 / p99), {len(integer_pairs)} integer pairs, "
@@ -195,6 +222,8 @@ def main() -> None:
             if listed := agreement[name][kind]:
                 more = f" (+{len(listed) - 6} more)" if len(listed) > 6 else ""
                 print(f"{name} {kind.replace('_', ' ')} ({len(listed)}): {listed[:6]}{more}")
+    for name, r in responses.items():
+        print(f"whole responses, {name}: {r['right']}/{r['cases']} right, {r['false_positives']} false positives")
     if fuzz:
         print(f"fuzz: {fuzz['cases']} cases in {fuzz['seconds']:.1f} s, {fuzz['exceptions']} exceptions, "
               f"{fuzz['timeouts']} timeouts, {fuzz['hangs']} hangs (> {HANG_S:.0f} s), p99 call {fuzz['p99_call_s']:.3f} s, "
@@ -204,11 +233,12 @@ def main() -> None:
     result = {
         "benchmark": "grading",
         "machine": {"platform": platform.platform(), "python": sys.version.split()[0], "cpus": os.cpu_count(),
-                    "pool_workers": grading._default_pool_size(),
+                    "pool_workers": grading.pool.default_pool_size(),
                     "note": "shared development machine; other jobs were running, so treat times as rough"},
         "speed_us": speed,
         "integer_speedup_vs_math_verify": ratio,
         "agreement": {name: {**a, "cases": len(cases)} for name, a in agreement.items()},
+        "responses": responses,
         "fuzz": fuzz,
         "grading_stats": grading_stats(),
     }

@@ -30,7 +30,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from retool_env.sandbox import LocalSandbox  # noqa: E402
-from retool_env.sandbox.isolation import report  # noqa: E402
 
 SNIPPETS = {
     "print": "print(1 + 1)",
@@ -147,7 +146,6 @@ def machine() -> dict:
     return {
         "cpu": model, "cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version(),
         "load_average_at_start": [round(x, 2) for x in load],
-        "isolation": {layer.name: layer.active for layer in report()},
     }  # fmt: skip
 
 
@@ -168,6 +166,7 @@ async def main() -> None:
     rows = []
     async with LocalSandbox() as sandbox:
         info["retool_wrapper"] = sandbox.wrapper
+        info["isolation"] = {layer.name: layer.active for layer in sandbox.layers()}
         info["retool_max_concurrency"] = sandbox._config["max_concurrency"]
         for name in args.snippets:
             code = SNIPPETS[name]

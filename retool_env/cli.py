@@ -12,9 +12,21 @@ def _sandbox_serve(args: argparse.Namespace) -> int:
     import asyncio
     import signal
 
-    from retool_env.sandbox.http_server import serve
+    from retool_env.sandbox.http_server import is_loopback, serve, server_token
 
-    kwargs = {"timeout": args.timeout, "memory_mb": args.memory_mb, "max_concurrency": args.max_concurrency}
+    if args.no_auth and not (args.unix_socket or is_loopback(args.host)):
+        print(f"retool-env sandbox serve: --no-auth only on a loopback address or a unix socket, not {args.host}",
+              file=sys.stderr)
+        return 2
+    try:
+        token, source = (None, "none") if args.no_auth else server_token(args.token_file)
+    except (OSError, ValueError) as exc:
+        print(f"retool-env sandbox serve: no token: {exc}", file=sys.stderr)
+        return 2
+    kwargs = {"timeout": args.timeout, "memory_mb": args.memory_mb, "max_concurrency": args.max_concurrency,
+              "isolation": args.isolation, "require": args.require}
+    options = {"token": token, "token_source": source, "unix_socket": args.unix_socket, "echo": args.echo,
+               "read_timeout": args.read_timeout, "max_inflight_bytes": args.max_inflight_mb << 20}
 
     async def serve_until_signalled() -> None:
         # Ctrl-C and `kill` both stop the server cleanly; set explicitly, because a server started in the background
@@ -23,7 +35,7 @@ def _sandbox_serve(args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, task.cancel)
         with contextlib.suppress(asyncio.CancelledError):
-            await serve(args.host, args.port, isolation=args.isolation, **kwargs)
+            await serve(args.host, args.port, **options, **kwargs)
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve_until_signalled())
@@ -54,7 +66,7 @@ def _doctor(args: argparse.Namespace) -> int:
         for name in probes.ATTACKS:
             probe = sandbox.run_sync(probes.code(name, home=home, expected_in_home=expected))
             lines = probe.output.strip().splitlines()
-            verdict = "ESCAPED" if any(line.startswith("ESCAPED") for line in lines) else "contained"
+            verdict = "ESCAPED" if probes.escaped(probe.output) else "contained"
             escaped += verdict == "ESCAPED"
             print(f"  {name:<24} {verdict:<9} {(lines or [''])[-1][:80]}")
     root = os.geteuid() == 0
@@ -66,8 +78,10 @@ def _doctor(args: argparse.Namespace) -> int:
 
 def _eval(eval_args: Sequence[str]) -> int:
     """`retool_adapters.eval_cli`: the generation backends live with the adapters (the `train` extra for hf)."""
-    from retool_adapters.eval_cli import main as eval_main
-
+    try:
+        from retool_adapters.eval_cli import main as eval_main
+    except ModuleNotFoundError as exc:
+        sys.exit(f"retool-env eval: error: needs the train extra (missing {exc.name}): pip install -e '.[train]'")
     eval_main(list(eval_args))
     return 0
 
@@ -75,19 +89,40 @@ def _eval(eval_args: Sequence[str]) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="retool-env", description="ReTool-Env: a code-interpreter gym for LLMs.")
     commands = parser.add_subparsers(dest="command", required=True)
+    defaults = argparse.ArgumentDefaultsHelpFormatter
 
-    sandbox = commands.add_parser("sandbox", help="the code sandbox")
+    sandbox = commands.add_parser("sandbox", help="the code sandbox", description="The code sandbox.")
     sandbox_commands = sandbox.add_subparsers(dest="sandbox_command", required=True)
-    serve = sandbox_commands.add_parser("serve", help="a SandboxFusion-compatible /run_code server over the local sandbox")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8080)
-    serve.add_argument("--timeout", type=float, default=10.0, help="default run_timeout in seconds")
-    serve.add_argument("--memory-mb", type=int, default=1024, help="default memory limit per call")
-    serve.add_argument("--max-concurrency", type=int, default=None, help="calls executing at once (default: CPUs)")
-    serve.add_argument("--isolation", default="auto", choices=["auto", "bwrap", "unshare", "none"])
+    serve = sandbox_commands.add_parser(
+        "serve", formatter_class=defaults, help="a SandboxFusion-compatible /run_code server over the local sandbox",
+        description="Serve the local sandbox over SandboxFusion's API (POST /run_code), for tools written for "
+                    "SandboxFusion (verl's, the sandbox-fusion client). Calls need the printed token. Ctrl-C or kill "
+                    "stops it.")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    serve.add_argument("--port", type=int, default=8080, help="port to listen on")
+    serve.add_argument("--timeout", type=float, default=10.0, help="run_timeout in seconds when a request sets none")
+    serve.add_argument("--memory-mb", type=int, default=1024, help="memory limit per call when a request sets none")
+    serve.add_argument("--max-concurrency", type=int, default=None, help="calls executing at once; None: one per CPU")
+    serve.add_argument("--isolation", default="auto", choices=["auto", "bwrap", "unshare", "none"],
+                       help="isolation wrapper; auto: the strongest this machine allows (see `retool-env doctor`)")
+    serve.add_argument("--require", choices=["warn", "strict"], default="warn",
+                       help="strict: refuse to start unless every sandbox isolation layer is on (see `doctor`)")
+    serve.add_argument("--unix-socket", default=None, help="listen on this unix socket (mode 0600), not host:port")
+    serve.add_argument("--token-file", default=None,
+                       help="read the bearer token from this file (else $RETOOL_SANDBOX_TOKEN, else a new one, printed)")
+    serve.add_argument("--no-auth", action="store_true",
+                       help="accept calls without a token; only on a loopback host or a unix socket")
+    serve.add_argument("--echo", action="store_true",
+                       help="print the value of a trailing expression, like Jupyter (SandboxFusion never does)")
+    serve.add_argument("--read-timeout", type=float, default=30.0, help="seconds a client may take to send a request")
+    serve.add_argument("--max-inflight-mb", type=int, default=256,
+                       help="request bodies held at once, all connections together (over it: HTTP 503)")
     serve.set_defaults(func=_sandbox_serve)
 
-    doctor = commands.add_parser("doctor", help="measure the sandbox's isolation layers and try one attack per class")
+    doctor = commands.add_parser(
+        "doctor", formatter_class=defaults, help="measure the sandbox's isolation layers and try one attack per class",
+        description="Measure every isolation layer of the local sandbox from inside a child, then try one live attack "
+                    "per class. Exit status 1 when an attack escapes.")
     doctor.add_argument("--require", choices=["warn", "strict"], default="warn",
                         help="strict: fail when any isolation layer is missing")
     doctor.set_defaults(func=_doctor)

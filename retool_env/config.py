@@ -49,6 +49,14 @@ class EnvConfig:
     tool_timeout: float = field(default=5.0, metadata={"help": "Seconds one tool call may run."})
     stateful: bool = field(default=False, metadata={
         "help": "Keep variables between an episode's tool calls (Jupyter-like)."})
+    chat_template: str | None = field(default=None, metadata={
+        "help": "Chat template that renders the episode: a name (qwen3, qwen3_training, deepseek_r1_distill...: "
+                "retool_env/chat_templates, then TRL's), a .jinja file, or the template text; default: the "
+                "tokenizer's own."})
+    sample_mode: str = field(default="episode", metadata={
+        "help": "episode: one training sample per episode (a template that rewrites history is counted in "
+                "trajectory.rewritten_turns and warned about); turn: a new sample whenever the template rewrites "
+                "history, each context exactly as the template renders it, append-only turns merged."})
 
     def __post_init__(self) -> None:
         if isinstance(self.reward_kwargs, str):  # from the command line

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import itertools
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +14,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from retool_env.chat import SAMPLE_MODES, Conversation, with_chat_template
 from retool_env.config import EnvConfig
 from retool_env.data import Problem
 from retool_env.formats import ParsedAction, ToolCall, clip_tokens, make_format
@@ -93,7 +95,17 @@ class ToolEnvironment(gym.Env):
 
     ## Observation Space
     `Sequence(Discrete(vocab_size), stack=True)`: the prompt after `reset`, then each step's appended tokens (empty
-    when the episode ends).
+    when the episode ends). In the `turn` sample mode, a step after which the chat template rewrote history returns
+    the whole new context instead, with `info["new_sample"]` True.
+
+    ## Chat Templates
+    `chat_template` picks the template (default: the tokenizer's). After every tool call the real conversation is
+    rendered, so the environment knows whether the next context extends the token stream. A template that rewrites
+    earlier turns (Qwen3 drops an empty think block from a turn that is no longer last; DeepSeek-R1-Distill strips
+    reasoning from history) is never followed silently: `sample_mode="episode"` keeps one sample, appends the
+    tool turn as the template renders it, and counts the turn in `trajectory.rewritten_turns` with a warning (train
+    on a prefix-preserving version instead: TRL's, e.g. `chat_template="qwen3_training"`); `sample_mode="turn"`
+    starts a new sample whose prompt is the context exactly as the template renders it (`trajectory.samples`).
 
     ## Tool Formats
     `hermes`: `<tool_call>{"name": "code_interpreter", "arguments": {"code": ...}}</tool_call>` blocks, several per
@@ -115,7 +127,8 @@ class ToolEnvironment(gym.Env):
     ## Episode End
     Terminated when the model answers (a turn without a tool call). Truncated when a turn is cut off by the token
     budget, when the completion would exceed `max_completion_tokens`, or when a turn would exceed `max_tool_calls`.
-    A truncated episode is still graded on what the model wrote.
+    An action longer than the budget left is clipped to it and ends the episode (`max_completion_tokens`, whatever
+    it holds). A truncated episode is still graded on what the model wrote.
 
     ## Budgets
     `max_tool_calls` (executed calls per episode), `max_completion_tokens` (all tokens after the prompt, model and
@@ -128,8 +141,8 @@ class ToolEnvironment(gym.Env):
     `retool_env.prompts.PROMPTS` or a PromptTemplate; default: the format's),
     `sandbox` ("local", "ray", a SandboxFusion URL, or a Sandbox), `reward` (a scheme name or callable) and
     `reward_kwargs`, the budgets above, `tool_timeout` (seconds per call), `stateful` (variables persist between an
-    episode's calls): the fields of `retool_env.config.EnvConfig`, which declares their defaults, so
-    `ToolEnvironment(tokenizer, dataset, **config)` takes an EnvConfig. Besides: `render_mode` ("ansi"),
+    episode's calls), `chat_template` and `sample_mode` (above): the fields of `retool_env.config.EnvConfig`, which
+    declares their defaults, so `ToolEnvironment(tokenizer, dataset, **config)` takes an EnvConfig. Besides: `render_mode` ("ansi"),
     `vocab_size` (defaults to the tokenizer's length).
 
     ## Version History
@@ -153,7 +166,9 @@ class ToolEnvironment(gym.Env):
         config = EnvConfig(**config)  # the defaults, and a TypeError naming any unknown argument
         if min(config.max_completion_tokens, config.max_observation_tokens) < 1 or config.max_tool_calls < 0:
             raise ValueError("token budgets must be positive and max_tool_calls non-negative")
-        self.tokenizer = load_tokenizer(tokenizer)
+        if config.sample_mode not in SAMPLE_MODES:
+            raise ValueError(f"sample_mode must be one of {SAMPLE_MODES}, not {config.sample_mode!r}")
+        self.tokenizer = with_chat_template(load_tokenizer(tokenizer), config.chat_template)
         self.problems = load_dataset_problems(dataset, split=split)
         self.config = config
         self.format = make_format(config.tool_format, self.tokenizer)
@@ -166,6 +181,7 @@ class ToolEnvironment(gym.Env):
         self.max_turn_tokens = config.max_turn_tokens
         self.tool_timeout = config.tool_timeout
         self.stateful = config.stateful
+        self.sample_mode = config.sample_mode
         self.render_mode = render_mode
         self.vocab_size = vocab_size or len(self.tokenizer)
         self.action_space = spaces.Sequence(spaces.Discrete(self.vocab_size), stack=True)
@@ -178,6 +194,7 @@ class ToolEnvironment(gym.Env):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing: set[asyncio.Task] = set()
         self._answer_text = ""
+        self._conversation: Conversation | None = None
 
     # ----------------------------------------------------------------------------------------------------- reset
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
@@ -192,6 +209,9 @@ class ToolEnvironment(gym.Env):
         else:
             self.problem = self.problems[int(self.np_random.integers(len(self.problems)))]
         prompt_ids = render_prompt(self.tokenizer, self.prompt, self.problem.question, self.format.tools)
+        if self.format.tool_turns:  # tool results are turns the chat template renders, after the model's
+            self._conversation = Conversation(self.tokenizer, self.prompt.messages(self.problem.question),
+                                              self.format.tools, self.format.turn_end)
         self.trajectory = Trajectory(prompt_ids=prompt_ids, problem_id=self.problem.id, gold=self.problem.answer)
         self._session = f"episode-{next(_episode_counter)}" if self.stateful else None
         self._done = False
@@ -236,18 +256,24 @@ class ToolEnvironment(gym.Env):
             raise RuntimeError("the episode has ended; call reset() to start a new one")
         token_ids, logprobs, finish_reason = self._split_action(action)
         traj = self.trajectory
+        room = self.max_completion_tokens - len(traj.completion_ids)
+        overrun = len(token_ids) > room  # a generator that ignored the budget: keep what fits, then end the episode
+        if overrun:
+            token_ids, logprobs = token_ids[:room], None if logprobs is None else logprobs[:room]
         cut_off = finish_reason == "length" or (finish_reason is None and len(token_ids) >= self._max_new_tokens())
         traj.append_model(token_ids, logprobs)
         parsed = self.format.parse(token_ids)
         self._answer_text = parsed.text  # the model's own text of its latest turn: the only text ever graded
         turn = traj.num_turns
+        if overrun:  # one finish reason, whatever the clipped turn holds
+            traj.finish_reason = "max_completion_tokens"
+            return True
         if not parsed.complete and cut_off:  # the generator ran out of tokens mid-turn
             traj.finish_reason = "length"
             return True
         if parsed.is_final:  # includes a turn that stopped early without an end token: read it as the answer
-            overrun = len(traj.completion_ids) > self.max_completion_tokens  # a generator that ignored the budget
-            traj.finish_reason = "max_completion_tokens" if overrun else "answer"
-            return overrun
+            traj.finish_reason = "answer"
+            return False
         if traj.num_tool_calls + sum(c.code is not None for c in parsed.tool_calls) > self.max_tool_calls:
             traj.tool_calls.extend(ToolCallRecord(c.code, "", ToolStatus.SKIPPED, turn=turn) for c in parsed.tool_calls)
             traj.finish_reason = "max_tool_calls"
@@ -288,13 +314,33 @@ class ToolEnvironment(gym.Env):
         traj.tool_calls.extend(records)
         self._last_results = [{"code": r.code, "output": r.output, "status": r.status, "duration": r.duration}
                               for r in records]
-        obs_ids = [*pending.parsed.closing_ids, *self.format.observation_ids(outputs)]
+        obs_ids, context_ids = self._next_context(pending.parsed, outputs)
         if len(traj.completion_ids) + len(obs_ids) >= self.max_completion_tokens:
             traj.finish_reason = "max_completion_tokens"
             return None
-        traj.append_env(obs_ids)
+        if context_ids is None:
+            traj.append_env(obs_ids)
+        else:
+            traj.start_sample(context_ids)
         traj.turns[-1].num_tool_calls = len(records)
-        return np.asarray(obs_ids, dtype=np.int64), 0.0, False, False, self._info()
+        info = {**self._info(), "new_sample": context_ids is not None}
+        return np.asarray(context_ids or obs_ids, dtype=np.int64), 0.0, False, False, info
+
+    def _next_context(self, parsed: ParsedAction, outputs: list[str]) -> tuple[list[int], list[int] | None]:
+        """The tokens that follow the model's turn, and the whole new context when the template rewrote history
+        in the `turn` sample mode (else None)."""
+        if self._conversation is None:  # results inline in the model's turn: the template never re-renders it
+            return [*parsed.closing_ids, *self.format.observation_ids(outputs)], None
+        after = self._conversation.after_tools(parsed.text, parsed.closing_ids, self.format.tool_messages(outputs))
+        if after.rewritten is None or self.sample_mode == "turn":
+            return after.appended, after.rewritten
+        if not self.trajectory.rewritten_turns:
+            warnings.warn("the chat template rewrote an earlier turn of the conversation, so the episode's tokens "
+                          "differ from what the template renders (counted in trajectory.rewritten_turns); use a "
+                          "prefix-preserving template (e.g. chat_template='qwen3_training') or sample_mode='turn'",
+                          stacklevel=3)
+        self.trajectory.rewritten_turns += 1
+        return after.appended, None
 
     # ------------------------------------------------------------------------------------------------ the end
     def _finish(self, result: Grade, truncated: bool) -> tuple:
@@ -330,6 +376,7 @@ class ToolEnvironment(gym.Env):
             "turn": traj.num_turns,
             "num_tool_calls": traj.num_tool_calls,
             "tool_results": list(self._last_results),
+            "new_sample": False,  # True after a step whose observation is a whole new context (`turn` mode)
         }
         if self._done:
             info.update(reward=traj.reward, correct=traj.correct, pred=traj.pred, strict_correct=traj.strict_correct,
@@ -341,12 +388,14 @@ class ToolEnvironment(gym.Env):
         """The episode as text with model and environment spans marked (render_mode="ansi")."""
         if self.render_mode != "ansi" or self.trajectory is None:
             return None
-        traj, decode = self.trajectory, self.tokenizer.decode
-        parts = [f"=== prompt ===\n{decode(traj.prompt_ids)}"]
-        for turn in traj.turns:
-            parts.append(f"=== model ===\n{decode(traj.completion_ids[turn.start:turn.end])}")
-            if turn.env_end > turn.end:
-                parts.append(f"=== environment ===\n{decode(traj.completion_ids[turn.end:turn.env_end])}")
+        traj, decode, parts = self.trajectory, self.tokenizer.decode, []
+        for index, sample in enumerate(traj.samples):
+            parts.append(f"=== {'prompt' if index == 0 else 'context rewritten by the chat template'} ===\n"
+                         f"{decode(sample.prompt_ids)}")
+            for turn in (traj.turns[i] for i in sample.turns):
+                parts.append(f"=== model ===\n{decode(sample.completion_ids[turn.start:turn.end])}")
+                if turn.env_end > turn.end:
+                    parts.append(f"=== environment ===\n{decode(sample.completion_ids[turn.end:turn.env_end])}")
         if self._done:
             parts.append(f"=== reward {traj.reward:+.2f} ({traj.finish_reason}; pred={traj.pred!r}, "
                          f"gold={traj.gold!r}) ===")

@@ -96,6 +96,7 @@ class ToolFormat(ABC):
     default_prompt: str
     call_glue: str  # between a turn's text and its tool call
     call_ends_turn: bool  # the model ends its turn after a tool call (else generation stops at a stop string)
+    tool_turns: bool  # results are chat turns the template renders (`tool_messages`), else inline in the model's turn
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
@@ -219,6 +220,7 @@ class HermesFormat(ToolFormat):
     default_prompt = "slime"
     call_glue = "\n"
     call_ends_turn = True
+    tool_turns = True
     _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
     _DUMMY = "<<retool-env-dummy>>"
 
@@ -236,13 +238,7 @@ class HermesFormat(ToolFormat):
         if self.turn_end is None:
             raise ValueError(f"cannot find the end-of-turn token after an assistant message in the chat template "
                              f"(it renders {after_content[:40]!r})")
-        self._skeletons: dict[int, str | None] = {}
-        self._prefix_text = head_text[: head_text.index(self._DUMMY) + len(self._DUMMY) + len(self.turn_end)]
-        self._prefix_ids = self.encode(self._prefix_text)
         self.turn_end_id = self.encode(self.turn_end)[0]
-        # Text after a special token tokenizes on its own, so the observation can be encoded alone: checked once.
-        sample = self._render(self._head + [self._tool_turn("42\n")], add_generation_prompt=True)
-        self._suffix_alone = self._prefix_ids + self.encode(sample[len(self._prefix_text):]) == self.encode(sample)
 
     def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(messages, tools=[CODE_INTERPRETER_TOOL], tokenize=False,
@@ -272,41 +268,17 @@ class HermesFormat(ToolFormat):
         return f'<tool_call>\n{{"name": "{TOOL_NAME}", "arguments": {arguments}}}\n</tool_call>'
 
     @staticmethod
-    def _tool_turn(output: str) -> dict[str, str]:
-        return {"role": "tool", "name": TOOL_NAME, "content": output}
-
-    def _rendered_with_outputs(self, outputs: list[str]) -> str:
-        """The conversation with tool turns holding `outputs`. The template is rendered once per number of
-        outputs with placeholders, then filled in; a template that transforms its content (checked once on a
-        sample with awkward characters) is rendered every time instead."""
-        n = len(outputs)
-        if n not in self._skeletons:
-            holes = [f"\x00{i}\x00" for i in range(n)]
-            skeleton = self._render(self._head + [self._tool_turn(h) for h in holes], add_generation_prompt=True)
-            sample = ['{"x": "a\\n"}\n  <b> & \'q\'  ' for _ in range(n)]
-            exact = self._fill(skeleton, sample) == self._render(
-                self._head + [self._tool_turn(o) for o in sample], add_generation_prompt=True)
-            self._skeletons[n] = skeleton if exact and all(skeleton.count(h) == 1 for h in holes) else None
-        skeleton = self._skeletons[n]
-        if skeleton is None:
-            return self._render(self._head + [self._tool_turn(out) for out in outputs], add_generation_prompt=True)
-        return self._fill(skeleton, outputs)
-
-    @staticmethod
-    def _fill(skeleton: str, outputs: list[str]) -> str:
-        parts = skeleton.split("\x00")  # [text, "0", text, "1", text, ...]
-        return "".join(outputs[int(p)] if i % 2 else p for i, p in enumerate(parts))
+    def tool_messages(outputs: list[str]) -> list[dict[str, Any]]:
+        """The interpreter outputs as the chat messages the template renders after the model's turn."""
+        return [{"role": "tool", "name": TOOL_NAME, "content": output} for output in outputs]
 
     def observation_ids(self, outputs: list[str]) -> list[int]:
-        # The difference between two renderings, so it is exact for any prefix-preserving template.
-        full_text = self._rendered_with_outputs(outputs)
-        if self._suffix_alone and full_text.startswith(self._prefix_text):
-            return self.encode(full_text[len(self._prefix_text):])
-        full = self.encode(full_text)
-        if full[: len(self._prefix_ids)] != self._prefix_ids:
-            raise ValueError("the chat template is not prefix-preserving: adding a tool turn changed how the "
-                             "assistant turn before it is rendered, so tool results cannot be appended exactly")
-        return full[len(self._prefix_ids):]
+        """The tool turns as the chat template renders them after a one-turn conversation. The environment renders
+        its episode's real conversation instead (`retool_env.chat.Conversation`), which also sees rewrites."""
+        from retool_env.chat import Conversation  # chat builds on this module
+
+        conversation = Conversation(self.tokenizer, self._head[:1], self.tools, self.turn_end)
+        return conversation.after_tools(self._DUMMY, (), self.tool_messages(outputs)).appended
 
 
 class ReToolFormat(ToolFormat):
@@ -316,6 +288,7 @@ class ReToolFormat(ToolFormat):
     default_prompt = "retool"
     call_glue = "\n\n"
     call_ends_turn = False
+    tool_turns = False
     _CODE = re.compile(r"<code>(.*?)(?:</code>\s*)?$", re.DOTALL)
 
     @property

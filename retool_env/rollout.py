@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -119,6 +120,29 @@ def aborted_trajectory(problem: Problem, reason: str, prompt_ids: Sequence[int] 
                       finish_reason=f"aborted: {reason}")
 
 
+class _Lines:
+    """A stream that turns tqdm's in-place updates (carriage returns) into lines: fit for log files and pipes."""
+
+    def __init__(self, stream: Any):
+        self.stream, self.last = stream, ""
+
+    def write(self, text: str) -> None:
+        text = text.replace("\r", "").strip()
+        if text and text != self.last:
+            self.stream.write(text + "\n")
+            self.last = text
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def progress_bar(total: int, desc: str, *, enabled: bool = True) -> tqdm:
+    """A bar that updates in place on a terminal; elsewhere (a log file, a pipe) a short line every 30 s."""
+    if not enabled or sys.stderr.isatty():
+        return tqdm(total=total, desc=desc, disable=not enabled, dynamic_ncols=True)
+    return tqdm(total=total, desc=desc, file=_Lines(sys.stderr), mininterval=30, ncols=100, ascii=True)
+
+
 async def run_episodes(
     problems: Sequence[Problem],
     make_env: Callable[[], Any],
@@ -143,7 +167,7 @@ async def run_episodes(
     queue: asyncio.Queue = asyncio.Queue()
     for job in jobs:
         queue.put_nowait(job)
-    bar = tqdm(total=len(jobs), desc="episodes", disable=not progress, dynamic_ncols=True)
+    bar = progress_bar(len(jobs), "episodes", enabled=progress)
     stats = {"correct": 0, "done": 0, "aborted": 0}
 
     async def worker() -> None:
@@ -167,7 +191,7 @@ async def run_episodes(
                     stats["aborted"] += 1
                 stats["done"] += 1
                 bar.update(1)
-                bar.set_postfix(acc=f"{stats['correct'] / stats['done']:.2f}", aborted=stats["aborted"],
+                bar.set_postfix(acc=f"{stats['correct'] / stats['done']:.2f}", aborted=stats["aborted"], refresh=False,
                                 **(sandbox_postfix(env) if progress else {}))
         finally:
             env.close()

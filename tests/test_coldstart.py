@@ -144,8 +144,8 @@ def test_replays_over_budget_are_dropped(tiny_tok):
     solutions = arith_solutions(generate_arith(2, seed=3), text_share=0.5)
     assert build_coldstart(solutions, tiny_tok, max_completion_tokens=12) == []
     kept = build_coldstart(solutions, tiny_tok, max_completion_tokens=12, require_correct=False)
-    # The tool-free answer overran the budget yet grades correct; the code one never got its output back.
-    assert {row["kind"]: row["reward"] for row in kept} == {"text": 1.0, "code": -0.9}
+    # Both overran the budget: clipped to it, the answer lost its box and the code never ran.
+    assert {row["kind"]: row["reward"] for row in kept} == {"text": -1.0, "code": -1.0}
 
 
 @pytest.mark.parametrize("tool_format", ["retool", "hermes"])

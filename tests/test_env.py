@@ -194,6 +194,20 @@ def test_an_answer_past_the_budget_is_truncated(tiny_tok):
     env.reset(options={"index": 1})
     _, reward, terminated, truncated, info = env.step(ids(tiny_tok, "The product is \\boxed{42}, clearly."))
     assert truncated and not terminated and info["finish_reason"] == "max_completion_tokens"
+    assert len(env.trajectory.completion_ids) == 5
+
+
+@pytest.mark.parametrize("text", ["The answer is \\boxed{42}.", call("print(6 * 7)"), "still thinking"])
+def test_an_action_over_the_budget_is_clipped_with_one_finish_reason(tiny_tok, text):
+    env = make_env(tiny_tok, max_completion_tokens=64)
+    env.reset(options={"index": 1})
+    action = ids(tiny_tok, "word " * 200 + text)
+    assert len(action) > 64
+    _, reward, terminated, truncated, info = env.step({"token_ids": action, "logprobs": [-0.5] * len(action)})
+    traj = env.trajectory
+    assert truncated and not terminated and info["finish_reason"] == "max_completion_tokens"
+    assert traj.completion_ids == action[:64] and traj.env_mask == [1] * 64 and traj.logprobs == [-0.5] * 64
+    assert traj.num_tool_calls == 0 and reward == -1.0
 
 
 def test_max_new_tokens_and_turn_cap(tiny_tok):
@@ -441,4 +455,3 @@ def test_templates_that_transform_tool_content_are_rendered_each_time(tiny_tok):
     expected = render(tok, [*messages, turn, {"role": "tool", "name": "code_interpreter", "content": output}],
                       add_generation_prompt=True)
     assert env.trajectory.prompt_ids + env.trajectory.completion_ids == expected
-    assert env.format._skeletons[1] is None

@@ -39,12 +39,13 @@ def _expand(value: str | list) -> str:
 CASES = json.loads((FIXTURES / "cases.json").read_text())["cases"]
 MATH500 = json.loads((FIXTURES / "math500_answers.json").read_text())
 INTEGERS = json.loads((FIXTURES / "integer_answers.json").read_text())
+RESPONSES = json.loads((FIXTURES / "responses.json").read_text())["cases"]
 
 
 @pytest.fixture(autouse=True, scope="module")
 def warm_pool() -> None:
     """Start every worker slot up front, so time limits below measure comparisons, not interpreter start-up."""
-    size = grading._default_pool_size()
+    size = grading.pool.default_pool_size()
     with ThreadPoolExecutor(size) as pool:
         list(pool.map(lambda n: is_equivalent(f"\\sqrt{{{n}}}", "x"), range(size)))
 
@@ -100,7 +101,17 @@ def test_integer_answers_never_reach_math_verify() -> None:
         ("so the answer is \\boxed{204}.", "204"),
         ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
         ("\\boxed{\\{1,2\\}}", "\\{1,2\\}"),
-        ("first \\boxed{1}, finally \\boxed{2}", "2"),
+        ("first \\boxed{1}, finally \\boxed{2}", "1, 2"),  # several boxes are one answer, as in math-verify
+        ("\\boxed{5}. Checking: yes, \\boxed{ 5 }.", "5"),  # a repeat counts once
+        ("\\boxed{\\boxed{9}}", "\\boxed{9}"),
+        ("\\boxed{ \\boxed{5}", "5"),  # inside an unclosed box
+        ("Final Answer: The largest $n$ is 34.", "34"),
+        ("Answer: The answer is 34", "34"),
+        ("Final Answer: The final answer is 7.78. I hope it is correct.", "7.78"),
+        ("So \\boxed{255} is the interest. Final Answer: The final answer is $10,455$.", "10,455"),
+        ("Answer: 5\n\nNo, recomputing: \\boxed{6}", "6"),
+        ("\\boxed{42}. This completes the answer: we are done.", "42"),
+        ("\\boxed{42}\n**Answer:** 43", "43"),
         ("\\boxed{5} and then a truncated \\boxed{6", "5"),
         ("<answer>\n\\boxed{'42'}\n</answer>", "'42'"),
         ("<answer>\nThe answer is \\boxed{3}\n</answer> \\boxed{4} was wrong", "3"),
@@ -146,6 +157,36 @@ def test_hostile_text_is_handled_in_linear_time(text: str) -> None:
     extract_answer("\\boxed{" + text[:990] + "}")
     grading.normalize_answer(text[:1000])
     assert time.perf_counter() - start < 0.5
+
+
+# ------------------------------------------------------------------------------------------------ whole responses
+@pytest.mark.parametrize("case", RESPONSES, ids=[f"{i}-{c['category']}" for i, c in enumerate(RESPONSES)])
+def test_response_suite(case: dict) -> None:
+    """The reward path on whole responses, in the style of math-verify's own tests (cases written for this suite)."""
+    verdict = grade(case["response"], case["gold"]).correct
+    if case.get("known_miss"):
+        assert verdict is False and case["expected"], case["known_miss"]  # a miss is never a false positive
+    else:
+        assert verdict is case["expected"], case.get("note", "")
+
+
+def test_response_suite_is_broad_and_mostly_right() -> None:
+    assert len(RESPONSES) >= 106 and sum(not c["expected"] for c in RESPONSES) >= 30
+    assert sum(bool(c.get("known_miss")) for c in RESPONSES) <= 2
+    assert {"boxes", "answer_line", "order", "thousands"} <= {c["category"] for c in RESPONSES}
+
+
+def test_grade_and_agrade_agree() -> None:
+    async def all_async() -> list[Grade]:
+        return list(await asyncio.gather(*(agrade(c["response"], c["gold"]) for c in RESPONSES)))
+
+    assert asyncio.run(all_async()) == [grade(c["response"], c["gold"]) for c in RESPONSES]
+
+
+@pytest.mark.parametrize(("pred", "gold"), [("111", "0,111"), ("0,111", "111"), ("0\\,111", "111"), ("12", "0,012")])
+def test_a_leading_zero_group_is_no_thousands_separator(pred: str, gold: str) -> None:
+    assert not is_equivalent(pred, gold)
+    assert is_equivalent("1,111", "1111") and is_equivalent("10\\,455", "10455")
 
 
 # ------------------------------------------------------------------------------------------------ verl's strict box
@@ -282,7 +323,7 @@ def test_timeout_is_counted_not_raised() -> None:
 
 def test_hung_worker_is_killed_and_replaced(monkeypatch: pytest.MonkeyPatch) -> None:
     """When the worker's own alarm cannot fire in time, the caller kills it; the next call gets a fresh worker."""
-    monkeypatch.setattr(grading, "_SOFT_TIMEOUT_FRACTION", 20.0)
+    monkeypatch.setattr(grading.pool, "_SOFT_TIMEOUT_FRACTION", 20.0)
     before = grading_stats()
     start = time.monotonic()
     assert not is_equivalent("9!!!!!!!!", "5", timeout=0.3)

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from retool_env.sandbox import ExecResult, LocalSandbox, isolation
+from retool_env.sandbox import ExecResult, LocalSandbox
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -271,8 +271,8 @@ def _descendant_count(pid: int) -> int:
     return count
 
 
-def test_isolation_report_is_consistent():
-    layers = {layer.name: layer for layer in isolation.report()}
+def test_isolation_report_is_consistent(env):
+    layers = {layer.name: layer for layer in env["sandbox"].layers()}
     assert layers["clean environment"].active
     assert all(layer.detail for layer in layers.values())
     if sys.platform == "linux" and os.uname().machine == "x86_64":

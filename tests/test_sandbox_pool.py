@@ -58,9 +58,13 @@ def test_gate_serves_callers_on_different_event_loops():
     assert gate.active == 0
 
 
+TOKEN = "pool-test-token"
+
+
 def start_server(port=0):
     proc = subprocess.Popen([sys.executable, "-m", "retool_env.cli", "sandbox", "serve", "--port", str(port),
-                             "--max-concurrency", "4"], stdout=subprocess.PIPE, text=True, start_new_session=True)
+                             "--max-concurrency", "4"], stdout=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "RETOOL_SANDBOX_TOKEN": TOKEN})
     line = proc.stdout.readline()
     assert "run_code" in line, line
     return proc, line.split()[-1]
@@ -87,7 +91,7 @@ def test_make_sandbox_builds_a_pool_from_a_list_or_a_file(tmp_path):
 
 def test_a_server_killed_mid_run_costs_retries_not_results(servers):
     (first, first_url), (_, second_url) = servers
-    pool = SandboxFusionPool([first_url, second_url], per_endpoint=4, timeout=10, health_interval=0.5)
+    pool = SandboxFusionPool([first_url, second_url], per_endpoint=4, timeout=10, health_interval=0.5, token=TOKEN)
 
     async def kill_first_midway():
         await asyncio.sleep(1.0)
@@ -125,7 +129,7 @@ def test_a_server_killed_mid_run_costs_retries_not_results(servers):
 
 def test_calls_beyond_the_limit_queue_and_a_down_pool_says_so(servers):
     (_, url), _ = servers
-    pool = SandboxFusionPool([url], per_endpoint=2, timeout=10)
+    pool = SandboxFusionPool([url], per_endpoint=2, timeout=10, token=TOKEN)
 
     async def main():
         calls = [asyncio.create_task(pool.run(f"import time; time.sleep(0.4); print({i})")) for i in range(6)]

@@ -43,7 +43,8 @@ def run_sft(tmp_path, monkeypatch, *extra: str):
 def test_trainer_labels_mask_prompt_and_interpreter_tokens(tmp_path, monkeypatch):
     from transformers import AutoTokenizer
 
-    sft_trl, data_args, batches = run_sft(tmp_path, monkeypatch, "--max_steps", "2")
+    # The paper's format, whose interpreter blocks are easy to find (the hermes layout is checked below).
+    sft_trl, data_args, batches = run_sft(tmp_path, monkeypatch, "--max_steps", "2", "--tool_format", "retool")
     out = tmp_path / "out"
     tok = AutoTokenizer.from_pretrained(out / "tiny-model")
     assert len(batches) == 2 and (out / "model.safetensors").exists()

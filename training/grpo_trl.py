@@ -5,22 +5,23 @@ interpreter, reads its output (tokens with no loss), and answers; the environmen
 is GRPO's reward. Generation uses the trainer's own vLLM (colocate or server mode) or, with `use_vllm: false`,
 Hugging Face `generate` on the policy.
 
-    # Offline CPU smoke run: a tiny random Qwen2 on procedural arithmetic (training/configs/grpo_tiny_cpu.yaml)
+    # Offline CPU smoke run: a tiny random Qwen2 on procedural arithmetic (training/configs/grpo_tiny_cpu.yaml, the
+    # default config); every flag applies on top of it
     accelerate launch --cpu --num_processes 1 --num_machines 1 --mixed_precision no --dynamo_backend no \
-        training/grpo_trl.py
+        training/grpo_trl.py --max_steps 2
 
     # The recipe: Qwen3-4B-Instruct-2507 on DAPO-Math-17k, evaluated on AIME 2024, 8 GPUs, vLLM colocated
     accelerate launch --config_file training/configs/accelerate/zero3.yaml \
         training/grpo_trl.py --config training/configs/grpo_qwen3_4b_dapo_colocate.yaml
 
-Arguments come from three dataclasses, read from a YAML file (`--config`) and the command line alike:
-`EnvArguments` below (`retool_env.EnvConfig` plus the data), TRL's `GRPOConfig` and TRL's `ModelConfig` (LoRA with `--use_peft`).
+Arguments come from three dataclasses, read from a YAML file (`--config`, default: the CPU smoke config) and the
+command line, which wins: `EnvArguments` below (`retool_env.EnvConfig` plus the data), TRL's `GRPOConfig` and TRL's
+`ModelConfig` (LoRA with `--use_peft`). `--help` lists the common ones, `--help-all` every one.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,9 +53,9 @@ class EnvArguments(EnvConfig):
 
 def main(env_args: EnvArguments, training_args, model_args) -> None:
     # Heavy imports here, so that `--help` is instant.
-    from transformers import AutoTokenizer
     from trl import GRPOTrainer, get_peft_config, get_quantization_config
 
+    from retool_adapters.scripts import load_tokenizer
     from retool_adapters.trl import REWARD_FUNCS, REWARD_WEIGHTS, ReToolRollout, problems_to_dataset
     from retool_env.data import load_problems
 
@@ -63,7 +64,7 @@ def main(env_args: EnvArguments, training_args, model_args) -> None:
         from retool_adapters.offline_models import build_tiny_qwen
 
         model_args.model_name_or_path = str(build_tiny_qwen(Path(training_args.output_dir) / "tiny-model"))
-    tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision)
+    tokenizer = load_tokenizer(model_args.model_name_or_path, revision=model_args.model_revision)
     training_args.model_init_kwargs = {
         "revision": model_args.model_revision,
         "attn_implementation": model_args.attn_implementation,
@@ -110,13 +111,16 @@ def main(env_args: EnvArguments, training_args, model_args) -> None:
 
 
 def make_parser():
-    from trl import GRPOConfig, ModelConfig, TrlParser
+    from trl import GRPOConfig, ModelConfig
 
-    return TrlParser((EnvArguments, GRPOConfig, ModelConfig))
+    from retool_adapters.scripts import ScriptParser
+
+    return ScriptParser((EnvArguments, GRPOConfig, ModelConfig), own=(EnvArguments,), default_config=TINY_CPU_CONFIG,
+                        prog="grpo_trl.py", description="GRPO with a Python interpreter in the loop: TRL's "
+                        "GRPOTrainer, every episode played by ReTool-Env. Without --config: the offline CPU smoke run.")
 
 
 if __name__ == "__main__":
-    # No arguments at all: the offline CPU smoke run.
-    argv = sys.argv[1:] or ["--config", str(TINY_CPU_CONFIG)]
-    env_args, training_args, model_args = make_parser().parse_args_and_config(argv)
-    main(env_args, training_args, model_args)
+    from retool_adapters.scripts import run
+
+    run(main, make_parser())

@@ -156,6 +156,10 @@ def write_report(args: Any, out: Path, results: list[dict], wall_s: float) -> No
              f"Accuracy (mean@{args.eval_samples}) and code-use rate per level on held-out problems, "
              f"{args.eval_samples} samples each at temperature {args.eval_temperature}, the policy RL trains; "
              "one sample before SFT; mean ± standard deviation over seeds.", ""]
+    if args.smoke:
+        lines += ["**A smoke run** (`--smoke`): 2 RL steps on a 2-layer model, to check that every stage runs end to "
+                  "end. Accuracies near 0 and targets \"not met\" are expected; run without `--smoke` to see learning.",
+                  ""]
     for arm in args.arms.split(","):
         lines += [f"## Arm `{arm}`", "", *level_table(results, arm), ""]
     lines += ["## Targets", "", "| target | " + " | ".join(f"seed {r['seed']}" for r in results) + " |",

@@ -6,20 +6,21 @@ interpreter's answer and grades the result. The SFT example is that trajectory's
 and the loss covers only the tokens the model wrote: the prompt and every interpreter/tool token are masked, as the
 ReTool paper masks interpreter feedback (slime's SFT example trains on it; verl masks it by role).
 
-    # Offline CPU smoke run: a tiny random Qwen2 on procedural cold-start data (training/configs/sft_tiny_cpu.yaml)
-    python training/sft_trl.py
+    # Offline CPU smoke run: a tiny random Qwen2 on procedural cold-start data (training/configs/sft_tiny_cpu.yaml,
+    # the default config); every flag applies on top of it
+    python training/sft_trl.py --max_steps 2
 
     # The recipe: Qwen3-4B-Instruct-2507 on ReTool-SFT, 8 GPUs
     accelerate launch --config_file training/configs/accelerate/zero3.yaml \
         training/sft_trl.py --config training/configs/sft_qwen3_4b_retool.yaml
 
-Arguments come from three dataclasses, read from a YAML file (`--config`) and the command line alike:
-`DataArguments` below (`retool_env.EnvConfig` plus the data), TRL's `SFTConfig` and TRL's `ModelConfig` (LoRA with `--use_peft`).
+Arguments come from three dataclasses, read from a YAML file (`--config`, default: the CPU smoke config) and the
+command line, which wins: `DataArguments` below (`retool_env.EnvConfig` plus the data), TRL's `SFTConfig` and TRL's
+`ModelConfig` (LoRA with `--use_peft`). `--help` lists the common ones, `--help-all` every one.
 """
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +56,7 @@ class DataArguments(EnvConfig):
 
 def coldstart_rows(data_args: DataArguments, tokenizer) -> list[dict]:
     """Replayed cold-start rows (`input_ids`, `assistant_masks`, id, level, kind, ...) for the data arguments."""
+    from retool_adapters.scripts import UsageError
     from retool_env.coldstart import arith_solutions, build_coldstart, retool_sft_solutions
     from retool_env.data import arith_split, load_retool_sft
 
@@ -67,7 +69,7 @@ def coldstart_rows(data_args: DataArguments, tokenizer) -> list[dict]:
     rows = build_coldstart(solutions, tokenizer, require_correct=data_args.require_correct,
                            **EnvConfig.from_settings(data_args))
     if not rows:
-        raise ValueError(f"none of the {len(solutions)} solutions replayed correctly; check the budgets "
+        raise UsageError(f"none of the {len(solutions)} solutions replayed correctly; check the budgets "
                          f"(max_completion_tokens, max_tool_calls) and the tool format")
     if len(rows) < len(solutions):
         print(f"dropped {len(solutions) - len(rows)} of {len(solutions)} solutions: wrong or over a budget on replay")
@@ -77,15 +79,16 @@ def coldstart_rows(data_args: DataArguments, tokenizer) -> list[dict]:
 def main(data_args: DataArguments, training_args, model_args) -> None:
     # Heavy imports here, so that `--help` is instant.
     from datasets import Dataset
-    from transformers import AutoTokenizer
     from trl import SFTTrainer, get_peft_config, get_quantization_config
+
+    from retool_adapters.scripts import load_tokenizer
 
     # 1. The model. Without one, build a tiny random Qwen2 (offline, seconds) so the script runs anywhere.
     if model_args.model_name_or_path is None:
         from retool_adapters.offline_models import build_tiny_qwen
 
         model_args.model_name_or_path = str(build_tiny_qwen(Path(training_args.output_dir) / "tiny-model"))
-    tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision)
+    tokenizer = load_tokenizer(model_args.model_name_or_path, revision=model_args.model_revision)
     training_args.model_init_kwargs = {
         "revision": model_args.model_revision,
         "attn_implementation": model_args.attn_implementation,
@@ -121,13 +124,16 @@ def main(data_args: DataArguments, training_args, model_args) -> None:
 
 
 def make_parser():
-    from trl import ModelConfig, SFTConfig, TrlParser
+    from trl import ModelConfig, SFTConfig
 
-    return TrlParser((DataArguments, SFTConfig, ModelConfig))
+    from retool_adapters.scripts import ScriptParser
+
+    return ScriptParser((DataArguments, SFTConfig, ModelConfig), own=(DataArguments,), default_config=TINY_CPU_CONFIG,
+                        prog="sft_trl.py", description="Cold-start SFT: TRL's SFTTrainer on solutions replayed through "
+                        "ReTool-Env (interpreter tokens masked). Without --config: the offline CPU smoke run.")
 
 
 if __name__ == "__main__":
-    # No arguments at all: the offline CPU smoke run.
-    argv = sys.argv[1:] or ["--config", str(TINY_CPU_CONFIG)]
-    data_args, training_args, model_args = make_parser().parse_args_and_config(argv)
-    main(data_args, training_args, model_args)
+    from retool_adapters.scripts import run
+
+    run(main, make_parser())

@@ -1,13 +1,15 @@
-"""What the generation backends share: the logprobs error and a batcher that runs blocking work in a thread."""
+"""What the generation backends share: the `generate` entry point, the logprobs error, and a batcher that runs
+blocking work in a thread."""
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Generic, TypeVar
 
-from retool_env.rollout import SamplingParams
+from retool_env.rollout import Generation, SamplingParams
 
 Request = TypeVar("Request")
 Result = TypeVar("Result")
@@ -16,6 +18,31 @@ Result = TypeVar("Result")
 GREEDY_TEMPERATURE = 1e-5
 # The protocol's default sampling settings, shared so no default argument is a call.
 DEFAULT_SAMPLING = SamplingParams()
+
+
+class TurnGenerator(abc.ABC):
+    """The `Generator` protocol's `generate`, once: no request when the turn's budget is spent (engines reject
+    `max_tokens=0`), plain lists for the backend's `_generate`."""
+
+    async def generate(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        max_tokens: int,
+        stop_token_ids: Sequence[int] = (),
+        stop: Sequence[str] = (),
+        sampling: SamplingParams = DEFAULT_SAMPLING,
+    ) -> Generation:
+        if max_tokens <= 0:
+            return Generation(token_ids=[], logprobs=[], finish_reason="length")
+        return await self._generate(list(prompt_ids), max_tokens, list(stop_token_ids), list(stop), sampling)
+
+    @abc.abstractmethod
+    async def _generate(
+        self, prompt_ids: list[int], max_tokens: int, stop_token_ids: list[int], stop: list[str],
+        sampling: SamplingParams,
+    ) -> Generation:
+        """Generate one turn of at most `max_tokens` (at least 1) tokens."""
 
 
 class LogprobsMismatchError(RuntimeError):

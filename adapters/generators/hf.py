@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -26,7 +25,7 @@ from transformers import (
 
 from retool_env.rollout import Generation, SamplingParams
 
-from ._common import DEFAULT_SAMPLING, GREEDY_TEMPERATURE, ThreadBatcher
+from ._common import GREEDY_TEMPERATURE, ThreadBatcher, TurnGenerator
 
 LogprobsMode = Literal["raw_logprobs", "processed_logprobs"]
 
@@ -40,7 +39,7 @@ class _Request:
     sampling: SamplingParams
 
 
-class HFGenerator:
+class HFGenerator(TurnGenerator):
     """Generates with `model.generate`, batching the calls that arrive together into one left-padded batch.
 
     Stopping follows vLLM: the model's EOS ids, `stop_token_ids`, and stop strings end a turn (finish_reason "stop")
@@ -80,18 +79,11 @@ class HFGenerator:
         """Load a model folder (such as one `build_tiny_qwen` wrote) with its tokenizer."""
         return cls(AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path), **kwargs)
 
-    async def generate(
-        self,
-        prompt_ids: Sequence[int],
-        *,
-        max_tokens: int,
-        stop_token_ids: Sequence[int] = (),
-        stop: Sequence[str] = (),
-        sampling: SamplingParams = DEFAULT_SAMPLING,
+    async def _generate(
+        self, prompt_ids: list[int], max_tokens: int, stop_token_ids: list[int], stop: list[str],
+        sampling: SamplingParams,
     ) -> Generation:
         """Generate one turn; concurrent calls within `batch_window_ms` share a `model.generate` call."""
-        if max_tokens <= 0:
-            return Generation(token_ids=[], logprobs=[], finish_reason="length")
         request = _Request(list(prompt_ids), max_tokens, frozenset(stop_token_ids) | self.eos_token_ids,
                            tuple(stop), sampling)
         return await self._batcher.submit(request)

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Sequence
 from typing import Any
 
 import httpx
 
 from retool_env.rollout import Generation, SamplingParams
 
-from ._common import DEFAULT_SAMPLING, LogprobsMismatchError
+from ._common import LogprobsMismatchError, TurnGenerator
 
 _RETRY_STATUS = {429, 500, 502, 503, 504}
 
 
-class OpenAICompletionsGenerator:
+class OpenAICompletionsGenerator(TurnGenerator):
     """Posts each turn to `{base_url}/completions` with the prompt as token ids, and reads token ids back.
 
     The request asks for vLLM's token-level extensions: `return_token_ids`, `return_tokens_as_token_ids`,
@@ -64,18 +63,11 @@ class OpenAICompletionsGenerator:
             await client.aclose()
         self._clients.clear()
 
-    async def generate(
-        self,
-        prompt_ids: Sequence[int],
-        *,
-        max_tokens: int,
-        stop_token_ids: Sequence[int] = (),
-        stop: Sequence[str] = (),
-        sampling: SamplingParams = DEFAULT_SAMPLING,
+    async def _generate(
+        self, prompt_ids: list[int], max_tokens: int, stop_token_ids: list[int], stop: list[str],
+        sampling: SamplingParams,
     ) -> Generation:
         """Generate one turn with one HTTP request."""
-        if max_tokens <= 0:
-            return Generation(token_ids=[], logprobs=[], finish_reason="length")
         payload: dict[str, Any] = {
             "model": self.model,
             "prompt": list(prompt_ids),

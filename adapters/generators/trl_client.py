@@ -8,10 +8,10 @@ from typing import Any
 
 from retool_env.rollout import Generation, SamplingParams
 
-from ._common import DEFAULT_SAMPLING, LogprobsMismatchError
+from ._common import LogprobsMismatchError, TurnGenerator
 
 
-class TRLVLLMClientGenerator:
+class TRLVLLMClientGenerator(TurnGenerator):
     """Generates through `trl.generation.vllm_client.VLLMClient.generate`, one blocking call per turn in a thread.
 
     Stop strings and stop ids travel in `generation_kwargs`. The client returns the top logprobs per token sorted by
@@ -24,18 +24,11 @@ class TRLVLLMClientGenerator:
         self.client = client
         self.eos_token_ids = frozenset(eos_token_ids)
 
-    async def generate(
-        self,
-        prompt_ids: Sequence[int],
-        *,
-        max_tokens: int,
-        stop_token_ids: Sequence[int] = (),
-        stop: Sequence[str] = (),
-        sampling: SamplingParams = DEFAULT_SAMPLING,
+    async def _generate(
+        self, prompt_ids: list[int], max_tokens: int, stop_token_ids: list[int], stop: list[str],
+        sampling: SamplingParams,
     ) -> Generation:
         """Generate one turn; the server batches concurrent turns itself."""
-        if max_tokens <= 0:
-            return Generation(token_ids=[], logprobs=[], finish_reason="length")
         generation_kwargs: dict[str, Any] = {
             "stop": list(stop),
             "stop_token_ids": list(stop_token_ids),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
 from typing import Any
 
 from vllm import LLM, TokensPrompt
@@ -13,10 +12,10 @@ from vllm.sampling_params import RequestOutputKind
 
 from retool_env.rollout import Generation, SamplingParams
 
-from ._common import DEFAULT_SAMPLING, LogprobsMismatchError, ThreadBatcher
+from ._common import LogprobsMismatchError, ThreadBatcher, TurnGenerator
 
 
-class VLLMEngineGenerator:
+class VLLMEngineGenerator(TurnGenerator):
     """Generates with an in-process vLLM engine from token-id prompts, one logprob per generated token.
 
     With an `AsyncLLM` (`vllm.AsyncLLMEngine`) every call is its own request and vLLM's scheduler batches them
@@ -34,18 +33,11 @@ class VLLMEngineGenerator:
             else None
         )
 
-    async def generate(
-        self,
-        prompt_ids: Sequence[int],
-        *,
-        max_tokens: int,
-        stop_token_ids: Sequence[int] = (),
-        stop: Sequence[str] = (),
-        sampling: SamplingParams = DEFAULT_SAMPLING,
+    async def _generate(
+        self, prompt_ids: list[int], max_tokens: int, stop_token_ids: list[int], stop: list[str],
+        sampling: SamplingParams,
     ) -> Generation:
         """Generate one turn; stop strings and stop tokens stay in the returned ids."""
-        if max_tokens <= 0:  # vLLM rejects max_tokens=0
-            return Generation(token_ids=[], logprobs=[], finish_reason="length")
         prompt = TokensPrompt(prompt_token_ids=list(prompt_ids))
         params = VLLMSamplingParams(
             max_tokens=max_tokens,

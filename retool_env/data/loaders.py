@@ -306,16 +306,49 @@ def _prompt_keys(batch: Any) -> list[str] | None:
     return None
 
 
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hub (`HF_ENDPOINT`) accepts a TCP connection; False at once under `HF_HUB_OFFLINE=1`."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    url = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout).close()
+    except OSError:
+        return False
+    return True
+
+
+def go_offline() -> None:
+    """`HF_HUB_OFFLINE=1` for this process (libraries already imported too) and its children: the local cache only,
+    at once, instead of a minute of retries per file."""
+    import sys
+
+    from huggingface_hub import constants
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    constants.HF_HUB_OFFLINE = True
+    if "datasets" in sys.modules:
+        sys.modules["datasets"].config.HF_HUB_OFFLINE = True
+
+
 def hub_rows(known: HubDataset, split: str | None, loader: str = "load_problems") -> Iterator[dict[str, Any]]:
     """Rows of a Hub dataset through `datasets` (imported here, so `import retool_env` stays light)."""
     hint = f"pass a local copy: {loader}('path/to/{known.local_name}')"
+    if loader == "load_problems":
+        hint += f" (or dataset='path/to/{known.local_name}' to ToolEnvironment, gym.make and the scripts)"
     try:
         import datasets
     except ImportError as exc:
         raise ImportError(f"loading {known.title} from the Hub needs `pip install datasets`; or {hint}") from exc
+    if not hub_reachable():
+        go_offline()  # the cache only: a copy downloaded before still loads, anything else fails now
     try:
         dataset = datasets.load_dataset(known.hub_id, known.config, split=split or known.split)
     except (ConnectionError, OSError) as exc:
-        raise DatasetUnavailableError(f"{known.title} ({known.hub_id}) is not available offline; {hint} "
-                                      f"(set HF_HUB_OFFLINE=1 to fail fast without network retries)") from exc
+        raise DatasetUnavailableError(f"{known.title} ({known.hub_id}) is not available offline; {hint}") from exc
     yield from arrow_rows(dataset.with_format("arrow").iter(batch_size=4096), set())

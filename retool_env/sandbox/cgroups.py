@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import time
 from dataclasses import dataclass
 
 ROOT = "/sys/fs/cgroup"
@@ -106,16 +107,21 @@ class Delegation:
     def group(self, name: str) -> CallGroup:
         return CallGroup(self.version, tuple(os.path.join(p, name) for p in self.parents))
 
-    def remove(self) -> None:
-        """Remove what is left of the call groups, then the parents (all must be empty of processes)."""
+    def remove(self, wait: float = 2.0) -> None:
+        """Remove what is left of the call groups, then the parents; killed processes take a moment to leave."""
+        deadline = time.monotonic() + wait
         for parent in self.parents:
-            with contextlib.suppress(OSError):
-                for entry in os.scandir(parent):
-                    if entry.is_dir(follow_symlinks=False):
-                        with contextlib.suppress(OSError):
-                            os.rmdir(entry.path)
-            with contextlib.suppress(OSError):
-                os.rmdir(parent)
+            while os.path.isdir(parent):
+                with contextlib.suppress(OSError):
+                    for entry in os.scandir(parent):
+                        if entry.is_dir(follow_symlinks=False):
+                            with contextlib.suppress(OSError):
+                                os.rmdir(entry.path)
+                with contextlib.suppress(OSError):
+                    os.rmdir(parent)
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
 
 
 @dataclass(frozen=True)

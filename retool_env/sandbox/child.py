@@ -53,11 +53,16 @@ def _fresh_namespace() -> dict[str, Any]:
 
 
 def single_use_main(code_fd: int, buffer: cell.OutputBuffer, **limits: Any) -> None:
+    """Run one request; say `done <exit code>` on the same socket before exiting, so the server answers without
+    waiting for the kernel to tear down this process's namespaces (it kills the process then, in case the report
+    came from the code itself: a call can only cut its own output short that way)."""
     request = read_frame_blocking(code_fd)
     if request is None:
         os._exit(0)
-    os.close(code_fd)
-    os._exit(execute(request, buffer, _fresh_namespace(), **limits))
+    code = execute(request, buffer, _fresh_namespace(), **limits)
+    with contextlib.suppress(OSError):
+        os.write(code_fd, f"done {code}\n".encode())
+    os._exit(code)
 
 
 def _die_with(parent: int) -> None:
@@ -72,6 +77,17 @@ def _die_with(parent: int) -> None:
     os._exit(0)
 
 
+def _reap_strays(waitpid: Any) -> None:
+    """Collect what the server killed of an earlier cell's children (they were ours), so no zombie is left."""
+    while True:
+        try:
+            pid, _ = waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
 def session_head_main(command_fd: int, status_fd: int, buffer: cell.OutputBuffer, zygote: int,
                       **limits: Any) -> None:
     """Hold an episode's state; report each cell on the status pipe: `C <pid>`, then `T` (took over) or `X <status>`."""
@@ -81,6 +97,7 @@ def session_head_main(command_fd: int, status_fd: int, buffer: cell.OutputBuffer
     fork, write, read, waitpid = os.fork, os.write, os.read, os.waitpid  # user code may rebind the os module's names
     while True:
         _die_with(zygote)
+        _reap_strays(waitpid)
         request = read_frame_blocking(command_fd)
         if request is None:
             os._exit(0)

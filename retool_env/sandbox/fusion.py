@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import weakref
 from typing import Any
 
 from .base import ExecResult, Sandbox, check_code
 
 _RETRY_STATUS = {500, 502, 503, 504}
+TOKEN_ENV = "RETOOL_SANDBOX_TOKEN"
+"""The environment variable both `retool-env sandbox serve` and `SandboxFusionSandbox` read the token from."""
 
 
 class SandboxFusionSandbox(Sandbox):
@@ -17,6 +20,10 @@ class SandboxFusionSandbox(Sandbox):
     One HTTP connection pool per event loop (httpx pools cannot cross loops), reused across calls; transient failures
     (connection errors, read timeouts, 5xx) are retried with exponential back-off. The server is stateless, so
     `session` is ignored: each call starts fresh, as in verl's ReTool recipe.
+
+    `token` (default: `$RETOOL_SANDBOX_TOKEN`) is sent as `Authorization: Bearer <token>`, as
+    `retool-env sandbox serve` requires; `unix_socket` reaches a server listening on one (the URL's host is then
+    only a name).
     """
 
     def __init__(
@@ -29,6 +36,8 @@ class SandboxFusionSandbox(Sandbox):
         backoff: float = 0.5,
         language: str = "python",
         http_margin: float = 10.0,
+        token: str | None = None,
+        unix_socket: str | None = None,
     ) -> None:
         self.url = url if url.rstrip("/").endswith("run_code") else url.rstrip("/") + "/run_code"
         self.timeout = timeout
@@ -37,6 +46,8 @@ class SandboxFusionSandbox(Sandbox):
         self.backoff = backoff
         self.language = language
         self.http_margin = http_margin
+        self.token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+        self.unix_socket = unix_socket
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
 
     def _client(self) -> Any:
@@ -45,7 +56,10 @@ class SandboxFusionSandbox(Sandbox):
         loop = asyncio.get_running_loop()
         client = self._clients.get(loop)
         if client is None or client.is_closed:
-            client = httpx.AsyncClient(limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+            headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+            transport = httpx.AsyncHTTPTransport(uds=self.unix_socket) if self.unix_socket else None
+            client = httpx.AsyncClient(limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+                                       headers=headers, transport=transport)
             self._clients[loop] = client
         return client
 

@@ -1,28 +1,57 @@
 """A SandboxFusion-compatible HTTP server over `LocalSandbox`, so SandboxFusion tools (verl's) work without Docker.
 
-It speaks just enough HTTP/1.1 (keep-alive, Content-Length bodies) for `POST /run_code` and `GET /v1/ping`.
-SandboxFusion's statuses are coarser than ours: a timeout is `Failed` with `run_result.status = TimeLimitExceeded`,
-any other failure `Failed` with the return code; our explanatory note travels in `message`.
+It speaks just enough HTTP/1.1 (keep-alive, Content-Length bodies) for `POST /run_code` and `GET /v1/ping`, and
+answers as SandboxFusion does: a timeout is `Failed` with `run_result.status = TimeLimitExceeded`, any other failure
+`Failed` with the return code, our explanatory note in `message`; a trailing expression is not echoed (the server's
+sandbox is built with `echo=False`); a language SandboxFusion knows but this server does not run gets
+`status: SandboxError`; a malformed request gets HTTP 400 with FastAPI's `{"detail": [{"loc": ["body", field],
+"msg": ...}]}` naming each bad field. `files` and `fetch_files` must be empty: each call's scratch directory is
+private to the sandbox, so they are refused with a `SandboxError` that says so, never ignored.
+
+Model code run here is an adversary, so the server guards itself: a bearer token on every call but the ping
+(`Authorization: Bearer <token>`, or HTTP Basic auth with the token as password, which is what clients that cannot
+set headers send for a URL like `http://retool:<token>@127.0.0.1:8080`), 127.0.0.1 or a mode-0600 unix socket by
+default, a read timeout against slow clients, and a bound on the bytes of all request bodies in flight together.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
+import hmac
+import ipaddress
 import json
+import math
+import os
+import secrets
+from dataclasses import dataclass
 from typing import Any
 
 from .base import ExecResult, Sandbox
+from .fusion import TOKEN_ENV
 
-_LANGUAGES = {"python", "python3"}
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 411: "Length Required", 413: "Payload Too Large"}
+# SandboxFusion's `Language` literal: known languages other than Python get its SandboxError shape, unknown ones 400.
+FUSION_LANGUAGES = frozenset([
+    "python", "python2", "cpp", "nodejs", "go", "go_test", "java", "php", "csharp", "bash", "typescript", "sql", "rust",
+    "cuda", "lua", "R", "perl", "D_ut", "ruby", "scala", "julia", "pytest", "junit", "kotlin_script", "jest",
+    "verilog", "python_gpu", "lean", "swift", "racket", "gtest", "react",
+])  # fmt: skip
+_RUNS = {"python", "python3"}
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 408: "Request Timeout",
+            411: "Length Required", 413: "Payload Too Large", 431: "Request Header Fields Too Large",
+            500: "Internal Server Error", 503: "Service Unavailable"}
 MAX_BODY = 64 << 20
+MAX_INFLIGHT_BYTES = 256 << 20
+READ_TIMEOUT = 30.0
+_MAX_HEADERS = 100
 
 
 def to_fusion_response(result: ExecResult) -> dict[str, Any]:
     """Our result in SandboxFusion's `RunCodeResponse` shape."""
     if result.status == "sandbox_error":
-        return {"status": "SandboxError", "message": result.note, "compile_result": None, "run_result": None}
+        return fusion_error(result.note)
     run_status = "TimeLimitExceeded" if result.status == "timeout" else "Finished"
     run = {
         "status": run_status,
@@ -32,21 +61,176 @@ def to_fusion_response(result: ExecResult) -> dict[str, Any]:
         "stderr": result.stderr,
     }
     status = "Success" if result.status == "ok" else "Failed"
-    return {"status": status, "message": result.note, "compile_result": None, "run_result": run, "files": {}}
+    return {"status": status, "message": result.note, "compile_result": None, "run_result": run,
+            "executor_pod_name": None, "files": {}}
 
 
+def fusion_error(message: str) -> dict[str, Any]:
+    """SandboxFusion's own error shape (`status: SandboxError`, no results); its clients raise on it."""
+    return {"status": "SandboxError", "message": message, "compile_result": None, "run_result": None,
+            "executor_pod_name": None, "files": {}}
+
+
+# ------------------------------------------------------------------------------------------------ the request
+@dataclass(frozen=True)
+class RunRequest:
+    code: str
+    language: str
+    run_timeout: float
+    memory_mb: int | None
+    stdin: str | None
+    files: dict[str, Any]
+    fetch_files: list[Any]
+
+
+def _error(field: str, message: str) -> dict[str, Any]:
+    return {"loc": ["body", field], "msg": message, "type": "value_error"}
+
+
+def _seconds(request: dict[str, Any], field: str, errors: list[dict[str, Any]]) -> float:
+    value = request.get(field, 10)
+    try:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise TypeError
+        seconds = float(value)
+    except (TypeError, ValueError):
+        errors.append(_error(field, f"must be a number of seconds, got {value!r}"))
+        return 0.0
+    if not math.isfinite(seconds) or seconds <= 0:
+        errors.append(_error(field, f"must be a finite number of seconds above 0, got {value!r}"))
+    return seconds
+
+
+def _megabytes(request: dict[str, Any], errors: list[dict[str, Any]]) -> int | None:
+    value = request.get("memory_limit_MB", -1)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        errors.append(_error("memory_limit_MB", f"must be an integer number of megabytes (-1: the default), got {value!r}"))
+        return None
+    return value if value > 0 else None
+
+
+def parse_run_request(body: bytes) -> RunRequest | list[dict[str, Any]]:
+    """The request, or the list of what is wrong with it (each naming its field), as FastAPI reports it."""
+    try:
+        request = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return [{"loc": ["body"], "msg": f"not valid JSON: {exc}", "type": "json_invalid"}]
+    if not isinstance(request, dict):
+        return [{"loc": ["body"], "msg": "must be a JSON object", "type": "dict_type"}]
+    errors: list[dict[str, Any]] = []
+    code, language = request.get("code"), request.get("language", "python")
+    if not isinstance(code, str):
+        errors.append(_error("code", "field required" if code is None else f"must be a string, got {code!r}"))
+    if not isinstance(language, str) or language not in FUSION_LANGUAGES | _RUNS:
+        errors.append(_error("language", f"must be one of SandboxFusion's languages, got {language!r}"))
+    run_timeout = _seconds(request, "run_timeout", errors)
+    _seconds(request, "compile_timeout", errors)  # unused for Python, checked as SandboxFusion checks it
+    memory_mb = _megabytes(request, errors)
+    stdin = request.get("stdin")
+    if stdin is not None and not isinstance(stdin, str):
+        errors.append(_error("stdin", f"must be a string or null, got {stdin!r}"))
+    files, fetch_files = request.get("files") or {}, request.get("fetch_files") or []
+    if not isinstance(files, dict) or not all(isinstance(v, (str, type(None))) for v in files.values()):
+        errors.append(_error("files", "must be an object from path to base64 content"))
+    if not isinstance(fetch_files, list) or not all(isinstance(p, str) for p in fetch_files):
+        errors.append(_error("fetch_files", "must be a list of paths"))
+    if errors:
+        return errors
+    return RunRequest(code, language, run_timeout, memory_mb, stdin, files, fetch_files)
+
+
+# ------------------------------------------------------------------------------------------------ access
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def server_token(token_file: str | None = None) -> tuple[str, str]:
+    """(token, where it came from): the file, else `RETOOL_SANDBOX_TOKEN`, else a new random one."""
+    if token_file:
+        with open(token_file) as f:
+            token = f.read().strip()
+        if not token:
+            raise ValueError(f"the token file {token_file} is empty")
+        return token, token_file
+    if os.environ.get(TOKEN_ENV):
+        return os.environ[TOKEN_ENV], TOKEN_ENV
+    return secrets.token_urlsafe(32), "generated"
+
+
+def _presented_token(authorization: str) -> str:
+    scheme, _, value = authorization.strip().partition(" ")
+    if scheme.lower() == "bearer":
+        return value.strip()
+    if scheme.lower() == "basic":  # http://user:<token>@host: clients that cannot set headers send this
+        with contextlib.suppress(binascii.Error, UnicodeDecodeError):
+            return base64.b64decode(value.strip(), validate=True).decode().partition(":")[2]
+    return ""
+
+
+class _HTTPError(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# ------------------------------------------------------------------------------------------------ the server
 class FusionServer:
-    """Serves `POST /run_code` from a sandbox; `serve_forever` or use `start()`/`close()` around a test."""
+    """Serves `POST /run_code` from a sandbox; `serve_forever` or use `start()`/`close()` around a test.
 
-    def __init__(self, sandbox: Sandbox, host: str = "127.0.0.1", port: int = 8080) -> None:
-        self.sandbox, self.host, self.port = sandbox, host, port
+    `token` is required: a string that every call must present, or None for no authentication, which is refused
+    unless the server listens on a loopback address or a unix socket (then any local user can run code through it).
+    `read_timeout` bounds both the wait for a request on an open connection and the time to receive it;
+    `max_inflight_bytes` bounds the request bodies held at once (413 for one body over `max_body`, 503 while full).
+    """
+
+    def __init__(
+        self,
+        sandbox: Sandbox,
+        host: str = "127.0.0.1",
+        port: int = 8080,
+        *,
+        token: str | None,
+        unix_socket: str | None = None,
+        read_timeout: float = READ_TIMEOUT,
+        max_body: int = MAX_BODY,
+        max_inflight_bytes: int = MAX_INFLIGHT_BYTES,
+    ) -> None:
+        if token is None and unix_socket is None and not is_loopback(host):
+            raise ValueError(f"refusing to serve without a token on {host}: anyone who reaches it could run code; "
+                             "pass a token, or listen on 127.0.0.1 or a unix socket")
+        if token is not None and not token:
+            raise ValueError("the token is empty")
+        self.sandbox, self.host, self.port, self.unix_socket = sandbox, host, port, unix_socket
+        self._token = None if token is None else token.encode()
+        self.read_timeout, self.max_body, self.max_inflight_bytes = read_timeout, max_body, max_inflight_bytes
+        self._inflight_bytes = 0
         self._server: asyncio.base_events.Server | None = None
 
     async def start(self) -> int:
-        """Listen; returns the port (useful with port=0)."""
+        """Listen; returns the port (useful with port=0; 0 on a unix socket)."""
+        if self.unix_socket is not None:
+            old_umask = os.umask(0o177)  # the socket is born mode 0600: no window where another user can connect
+            try:
+                self._server = await asyncio.start_unix_server(self._connection, self.unix_socket, backlog=1024)
+            finally:
+                os.umask(old_umask)
+            return 0
         self._server = await asyncio.start_server(self._connection, self.host, self.port, backlog=1024)
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
+
+    @property
+    def url(self) -> str:
+        return f"unix:{self.unix_socket}" if self.unix_socket else f"http://{self.host}:{self.port}/run_code"
 
     async def serve_forever(self) -> None:
         if self._server is None:
@@ -58,80 +242,153 @@ class FusionServer:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+        if self.unix_socket is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.unix_socket)
 
+    # -------------------------------------------------------------------------------------------- one connection
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
-                request_line = await reader.readline()
+                try:  # an idle keep-alive connection, or a client that never sends, is closed
+                    request_line = await asyncio.wait_for(reader.readline(), self.read_timeout)
+                except asyncio.TimeoutError:
+                    return
                 if not request_line.strip():
                     return
-                method, path, _ = request_line.decode("latin-1").split(" ", 2)
-                headers: dict[str, str] = {}
-                while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
-                    name, _, value = line.decode("latin-1").partition(":")
-                    headers[name.strip().lower()] = value.strip()
-                keep_alive = headers.get("connection", "").lower() != "close"
-                if "content-length" not in headers and method == "POST":
-                    await self._respond(writer, 411, {"error": "Content-Length required"}, keep_alive=False)
-                    return
-                length = int(headers.get("content-length") or 0)
-                if length > MAX_BODY:
-                    await self._respond(writer, 413, {"error": "body too large"}, keep_alive=False)
-                    return
-                body = await reader.readexactly(length) if length else b""
-                code, payload = await self._route(method, path.split("?")[0], body)
-                await self._respond(writer, code, payload, keep_alive)
+                keep_alive = await self._request(request_line, reader, writer)
                 if not keep_alive:
                     return
-        except (asyncio.IncompleteReadError, ConnectionError, ValueError):
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError):
             return
         finally:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    async def _route(self, method: str, path: str, body: bytes) -> tuple[int, Any]:
-        if method == "GET" and path in ("/v1/ping", "/ping", "/health"):
-            return 200, "pong"
-        if method != "POST" or path.rstrip("/") != "/run_code":
-            return 404, {"error": f"no route {method} {path}"}
+    async def _request(self, request_line: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """Read, route and answer one request; returns whether the connection stays open."""
+        reserved = 0
         try:
-            request = json.loads(body)
-            code = request["code"]
-        except (ValueError, KeyError, TypeError):
-            return 400, {"error": "expected a JSON object with a 'code' field"}
-        if request.get("language", "python") not in _LANGUAGES:
-            note = f"language {request.get('language')!r} is not supported (only python)"
-            return 200, {"status": "SandboxError", "message": note, "compile_result": None, "run_result": None}
-        if request.get("files"):
-            note = "'files' are not supported by retool-env sandbox serve"
-            return 200, {"status": "SandboxError", "message": note, "compile_result": None, "run_result": None}
-        memory = request.get("memory_limit_MB")
-        result = await self.sandbox.run(
-            code,
-            timeout=float(request.get("run_timeout") or 10),
-            stdin=request.get("stdin") or None,
-            memory_mb=int(memory) if memory and int(memory) > 0 else None,
-        )
+            try:
+                method, path, headers = await asyncio.wait_for(self._read_head(request_line, reader),
+                                                               self.read_timeout)
+                keep_alive = headers.get("connection", "").lower() != "close"
+                if method == "GET" and path in ("/v1/ping", "/ping", "/health"):
+                    await self._respond(writer, 200, "pong", keep_alive)
+                    return keep_alive
+                if not self._authorized(headers):
+                    raise _HTTPError(401, f"missing or wrong token: send 'Authorization: Bearer <token>' (the token "
+                                          f"`retool-env sandbox serve` printed, or ${TOKEN_ENV}), or put it in the URL "
+                                          "as http://retool:<token>@host:port")
+                length = self._content_length(method, headers)
+                if self._inflight_bytes + length > self.max_inflight_bytes:
+                    raise _HTTPError(503, "the server holds as many request bytes as it may; retry shortly")
+                self._inflight_bytes += length
+                reserved = length
+                if headers.get("expect", "").lower() == "100-continue":
+                    writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                body = await asyncio.wait_for(reader.readexactly(length), self.read_timeout) if length else b""
+            except asyncio.TimeoutError:
+                await self._respond(writer, 408, {"detail": "the request did not arrive in time"}, keep_alive=False)
+                return False
+            except (ValueError, asyncio.LimitOverrunError):
+                await self._respond(writer, 431, {"detail": "request line or headers too long"}, keep_alive=False)
+                return False
+            except _HTTPError as exc:
+                await self._respond(writer, exc.code, {"detail": str(exc)}, keep_alive=False)
+                return False
+            try:
+                code, payload = await self._route(method, path, body)
+            except Exception as exc:  # a bug here must answer, not drop the connection
+                code, payload = 500, {"detail": f"{type(exc).__name__}: {exc}"}
+            await self._respond(writer, code, payload, keep_alive)
+            return keep_alive
+        finally:
+            self._inflight_bytes -= reserved
+
+    async def _read_head(self, request_line: bytes, reader: asyncio.StreamReader) -> tuple[str, str, dict[str, str]]:
+        parts = request_line.decode("latin-1").split()
+        if len(parts) != 3:
+            raise _HTTPError(400, "malformed request line")
+        headers: dict[str, str] = {}
+        while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
+            if len(headers) >= _MAX_HEADERS:
+                raise _HTTPError(431, "too many headers")
+            name, _, value = line.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+        return parts[0], parts[1].split("?")[0], headers
+
+    def _authorized(self, headers: dict[str, str]) -> bool:
+        if self._token is None:
+            return True
+        presented = _presented_token(headers.get("authorization", "")).encode()
+        return hmac.compare_digest(presented, self._token)
+
+    def _content_length(self, method: str, headers: dict[str, str]) -> int:
+        if method != "POST":
+            return 0
+        value = headers.get("content-length", "")
+        if not value.isdigit():
+            raise _HTTPError(411, "a Content-Length header is required (chunked bodies are not supported)")
+        if int(value) > self.max_body:
+            raise _HTTPError(413, f"the body is over {self.max_body} bytes")
+        return int(value)
+
+    async def _route(self, method: str, path: str, body: bytes) -> tuple[int, Any]:
+        if method != "POST" or path.rstrip("/") != "/run_code":
+            return 404, {"detail": f"no route {method} {path}"}
+        request = parse_run_request(body)
+        if isinstance(request, list):
+            return 400, {"detail": request}
+        if request.language not in _RUNS:
+            return 200, fusion_error(f"language {request.language!r} is not supported by retool-env sandbox serve "
+                                     "(it runs python only)")
+        for field in ("files", "fetch_files"):
+            if getattr(request, field):
+                return 200, fusion_error(f"'{field}' is not supported by retool-env sandbox serve: each call's scratch "
+                                         "directory is private to the sandbox; pass data in the code or stdin")
+        result = await self.sandbox.run(request.code, timeout=request.run_timeout, stdin=request.stdin,
+                                        memory_mb=request.memory_mb)
         return 200, to_fusion_response(result)
 
-    @staticmethod
-    async def _respond(writer: asyncio.StreamWriter, code: int, payload: Any, keep_alive: bool) -> None:
+    async def _respond(self, writer: asyncio.StreamWriter, code: int, payload: Any, keep_alive: bool) -> None:
         body = json.dumps(payload).encode("utf-8")
+        extra = "WWW-Authenticate: Bearer\r\n" if code == 401 else "Retry-After: 1\r\n" if code == 503 else ""
         head = (
-            f"HTTP/1.1 {code} {_REASONS.get(code, 'Error')}\r\nContent-Type: application/json\r\n"
+            f"HTTP/1.1 {code} {_REASONS.get(code, 'Error')}\r\nContent-Type: application/json\r\n{extra}"
             f"Content-Length: {len(body)}\r\nConnection: {'keep-alive' if keep_alive else 'close'}\r\n\r\n"
         )
         writer.write(head.encode("latin-1") + body)
-        await writer.drain()
+        await asyncio.wait_for(writer.drain(), self.read_timeout)  # a client that never reads is dropped
 
 
-async def serve(host: str, port: int, **sandbox_kwargs: Any) -> None:
-    """Run the HTTP server over a fresh `LocalSandbox` until cancelled."""
+async def serve(
+    host: str,
+    port: int,
+    *,
+    token: str | None,
+    token_source: str = "given",
+    unix_socket: str | None = None,
+    echo: bool = False,
+    read_timeout: float = READ_TIMEOUT,
+    max_inflight_bytes: int = MAX_INFLIGHT_BYTES,
+    **sandbox_kwargs: Any,
+) -> None:
+    """Run the HTTP server over a fresh `LocalSandbox` until cancelled; prints where it listens and the token."""
     from .local import LocalSandbox
 
-    async with LocalSandbox(**sandbox_kwargs) as sandbox:
-        server = FusionServer(sandbox, host, port)
+    async with LocalSandbox(echo=echo, **sandbox_kwargs) as sandbox:
+        server = FusionServer(sandbox, host, port, token=token, unix_socket=unix_socket, read_timeout=read_timeout,
+                              max_inflight_bytes=max_inflight_bytes)
         await server.start()
-        print(f"retool-env sandbox: SandboxFusion API on http://{host}:{server.port}/run_code", flush=True)
+        print(f"retool-env sandbox: SandboxFusion API on {server.url}", flush=True)
+        if token is None:
+            print("retool-env sandbox: no authentication (--no-auth): every local user can run code here", flush=True)
+        elif token_source == "generated":
+            url = "" if unix_socket else f", or use the URL http://retool:{token}@{host}:{server.port}/run_code"
+            print(f"retool-env sandbox: token {token} (send 'Authorization: Bearer <token>' or set {TOKEN_ENV} for "
+                  f"SandboxFusionSandbox{url})", flush=True)
+        else:
+            print(f"retool-env sandbox: token from {token_source}", flush=True)
         await server.serve_forever()

@@ -4,7 +4,8 @@ The server runs inside bubblewrap where it is installed: a read-only view of the
 `/home`, `$HOME`), `/tmp`, `/var/tmp` and `/run` are empty tmpfs mounts (only the Python install and this package
 are bound back, read-only), with private pid, network, IPC and UTS namespaces. As root it keeps only the
 capabilities it needs to give each child its own uid and to signal it; unprivileged, bubblewrap maps the user into
-a user namespace. Each child then confines itself further (confine.py); `report()` merges both.
+a user namespace. Each child then confines itself further (confine.py); `layers()` reports both, from what the
+server measured in a confined child (`LocalSandbox.layers()`).
 """
 
 from __future__ import annotations
@@ -192,11 +193,3 @@ def required(rows: list[Layer], *, root: bool) -> list[Layer]:
     optional = set() if root else {"uid per call", "cgroup"}
     return [row for row in rows if row.name not in optional]
 
-
-def report() -> list[Layer]:
-    """Every layer measured in a child of a freshly started sandbox (used by `retool-env doctor`)."""
-    from .local import LocalSandbox
-
-    with LocalSandbox(timeout=5) as sandbox:
-        sandbox.start()
-        return sandbox.layers()

@@ -32,7 +32,9 @@ ATTACKS: dict[str, str] = {
     "process memory": "open(f'/proc/{{os.getppid()}}/mem', 'rb'); print('ESCAPED /proc/<server>/mem')",
     "fork": "pid = os.fork()\nif pid == 0: os._exit(0)\nprint('ESCAPED fork')",
     "exec": "os.execv('/bin/true', ['true'])",
-    "setsid": "os.setsid(); print('ESCAPED setsid')",
+    "leave the session": "pid = os.fork()\nif pid == 0:\n    try:\n        os.setsid(); os._exit(0)\n"
+                         "    except OSError:\n        os._exit(1)\n"
+                         "if os.WEXITSTATUS(os.waitpid(pid, 0)[1]) == 0: print('ESCAPED setsid')",
     "socket": "import socket\nsocket.socket(socket.AF_UNIX); print('ESCAPED socket')",
     "new namespaces": "r, e = syscall(272, 0x10000000)\nif r == 0: print('ESCAPED unshare')",
     "write the host": "open('/etc/retool-doctor-probe', 'w'); print('ESCAPED /etc')",
@@ -49,3 +51,8 @@ ATTACKS: dict[str, str] = {
 
 def code(name: str, *, home: str, expected_in_home: list[str]) -> str:
     return _PRELUDE + ATTACKS[name].format(home=home, expected=expected_in_home)
+
+
+def escaped(output: str) -> bool:
+    """Whether a probe's output reports a working attack (a traceback quoting the probe's source does not)."""
+    return any(line.startswith("ESCAPED") for line in output.splitlines())

@@ -5,7 +5,8 @@ glibc's fallbacks still work), the calls model code must not make fail with EPER
 `PermissionError` and the model sees why), and any entry point but x86-64's (i386 `int 0x80`) kills the process.
 Dual-use calls are allowed with their arguments checked: `clone` without namespace flags (and only threads, except
 in session heads, which snapshot state by forking), `kill`/`tgkill` to itself, `ioctl`, `prctl` and `personality`
-for queries, `setpriority` only to be nicer, `prlimit64` on itself.
+for queries, `setpriority` only to be nicer, `prlimit64` on itself, `socketpair` for AF_UNIX (a connected pair
+inside the process: asyncio's self-pipe); `socket` never.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ _IOCTLS = (0x5401, 0x5413, 0x541B, 0x5421, 0x5450, 0x5451)  # TCGETS TIOCGWINSZ 
 # CAPBSET_READ, GET_TIMERSLACK, GET_NO_NEW_PRIVS, GET_THP_DISABLE, SET_VMA (glibc names its mappings).
 _PRCTLS = (3, 7, 15, 16, 21, 23, 30, 39, 42, 0x53564D41)
 _PERSONALITY_QUERY = 0xFFFFFFFF
+_AF_UNIX = 1
 
 _RET_ALLOW = 0x7FFF0000
 _RET_KILL_PROCESS = 0x80000000
@@ -123,6 +125,7 @@ def build_filter(self_pid: int, *, allow_fork: bool) -> bytes:
         "setpriority": [_load(_ARG0), _insn(_JEQ, 0, 0, 4), _load(_ARG1), _insn(_JEQ, 0, 0, 2), _load(_ARG2),
                         _insn(_JGT, 19, 0, 1), _insn(_RET, eperm), _insn(_RET, _RET_ALLOW)],
         "prlimit64": [_load(_ARG0), *_one_of((0, own) if own else (0,), eperm)],
+        "socketpair": [_load(_ARG0), *_one_of((_AF_UNIX,), eperm)],  # asyncio's self-pipe; reaches nothing outside
     }  # fmt: skip
     if allow_fork:
         checked["setpgid"] = [_insn(_RET, _RET_ALLOW)]  # a head puts each cell in its own group

@@ -19,6 +19,7 @@ import itertools
 import json
 import math
 import os
+import re
 import signal
 import socket
 import struct
@@ -92,6 +93,11 @@ class Session:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 def _libc() -> Any:
     return confine.libc()
 
@@ -153,8 +159,12 @@ class Server:
             return
         loop = asyncio.get_running_loop()
         if message["op"] == "forked":
-            exited = self.waiters[message["pid"]] = loop.create_future()  # before its exit can be reported
             waiter = self.forking.pop(message["cid"], None)
+            if message["pid"] < 0:
+                if waiter is not None and not waiter.done():
+                    waiter.set_exception(OSError(f"the zygote could not fork a child ({message.get('error')})"))
+                return
+            exited = self.waiters[message["pid"]] = loop.create_future()  # before its exit can be reported
             if waiter is not None and not waiter.done():
                 waiter.set_result((message["pid"], exited))
         elif message["op"] == "exit":
@@ -166,7 +176,8 @@ class Server:
         """Have the zygote fork a confined child with a private code pipe and output buffer (and status pipe)."""
         cid = next(self.cids)
         buffer = cell.OutputBuffer(self.config.max_output_bytes)
-        code_r, code_w = os.pipe()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # code in, `done <exit code>` out
+        code_w, code_r = ours.detach(), theirs.detach()
         status_r, status_w = os.pipe() if session else (-1, -1)
         forked = self.forking[cid] = asyncio.get_running_loop().create_future()
         try:
@@ -199,6 +210,8 @@ class Server:
         try:
             while len(self.pool) < self.config.prefork and not self.stopped.is_set():
                 self.pool.append(await self._fork(session=False))
+        except OSError as exc:  # the next call forks on demand, and reports the failure if it persists
+            print(f"sandbox server: prefork failed: {exc}", file=sys.stderr, flush=True)
         finally:
             self.refilling = False
 
@@ -254,6 +267,43 @@ class Server:
             "stdout_truncated": stdout_truncated, "stderr_truncated": stderr_truncated, "note": note,
         }  # fmt: skip
 
+    @staticmethod
+    async def _read_done(fd: int) -> int | None:
+        """The exit code a single-use child reports just before it exits, or None (it closed, or sent garbage)."""
+        loop = asyncio.get_running_loop()
+        data = b""
+        while not data.endswith(b"\n") and len(data) < 32:
+            ready: asyncio.Future[None] = loop.create_future()
+            loop.add_reader(fd, _resolve, ready)
+            try:
+                await ready
+            finally:
+                loop.remove_reader(fd)
+            try:
+                chunk = os.read(fd, 32)
+            except BlockingIOError:
+                continue
+            except OSError:
+                return None
+            if not chunk:
+                return None
+            data += chunk
+        match = re.fullmatch(rb"done (\d{1,3})\n", data)
+        return int(match.group(1)) & 0xFF if match else None
+
+    async def _finished(self, child: Child) -> tuple[int, float, bool]:
+        """How the child ended: its own report (then it is killed, its teardown unwaited), else its exit."""
+        reader = asyncio.ensure_future(self._read_done(child.code_fd))
+        try:
+            await asyncio.wait({reader, child.exited}, return_when=asyncio.FIRST_COMPLETED)
+            if reader.done() and reader.result() is not None:
+                with contextlib.suppress(OSError):
+                    os.killpg(child.pid, signal.SIGKILL)
+                return reader.result() << 8, 0.0, False
+            return await asyncio.shield(child.exited)
+        finally:
+            reader.cancel()
+
     async def _send(self, fd: int, request: dict[str, Any]) -> None:
         data = pack(request)
         loop = asyncio.get_running_loop()
@@ -280,7 +330,7 @@ class Server:
             try:
                 try:
                     await self._send(child.code_fd, request)
-                    exit_info = await asyncio.wait_for(asyncio.shield(child.exited), request["timeout"])
+                    exit_info = await asyncio.wait_for(self._finished(child), request["timeout"])
                 except (asyncio.TimeoutError, BrokenPipeError):
                     timed_out = not child.exited.done()
                     with contextlib.suppress(OSError):

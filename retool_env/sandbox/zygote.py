@@ -114,7 +114,15 @@ class Zygote:
 
     def fork(self, cid: int, session: bool, fds: list[int]) -> None:
         uid = self._take_uid() if self.layers.uid is not None else None
-        group = self._group(f"c{cid}")
+        try:
+            group = self._group(f"c{cid}")
+        except OSError as exc:  # no child without its cgroup: the server answers this call with a sandbox error
+            for fd in fds:
+                os.close(fd)
+            send_message(self.sock, {"op": "forked", "cid": cid, "pid": -1, "error": f"cgroup: {exc}"})
+            if uid is not None:
+                self.free_uids.append(uid)
+            return
         layers = replace(self.layers, uid=uid, cgroup=group)
         cfg = self.config
         limits = {"memory_mb": cfg.memory_mb, "traceback_lines": cfg.traceback_lines}
@@ -288,6 +296,8 @@ def run(sock: socket.socket, config: ZygoteConfig, close: list[int]) -> None:
         for fd in close:
             with contextlib.suppress(OSError):
                 os.close(fd)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)  # the server's "ready" pipe is the server's
         lib = libc()
         lib.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         lib.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)

@@ -1,0 +1,135 @@
+"""Chat templates: which one renders an episode, and what the model sees after each tool call.
+
+The model's tokens are appended verbatim; only what the template adds after them is tokenized. Some templates
+rewrite earlier turns once more messages follow (Qwen3 drops an empty `<think></think>` block from a turn that is no
+longer the last; DeepSeek-R1-Distill strips reasoning from history). `Conversation` renders the real conversation
+after every tool call and tells the two cases apart: the new context either extends the old one (append-only: one
+training sample goes on) or it does not (the template rewrote history: the next generation sees a new context).
+
+`retool_env` never imports TRL: a template name is looked up among the templates shipped here, then among those in
+TRL's package folder, found without importing TRL. Picking TRL's prefix-preserving training version of a template
+is the adapters' job (`retool_adapters.chat_templates.training_env_kwargs`).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from retool_env.formats import encode
+
+SHIPPED_TEMPLATES = Path(__file__).parent / "chat_templates"
+SAMPLE_MODES = ("episode", "turn")
+_MARKER = "\x00retool-env-turn\x00"
+_THINK = "<think>\n"
+_END_THINK = "</think>"
+
+
+def template_folders() -> list[Path]:
+    """Where template names are looked up: this package's templates, then TRL's (when TRL is installed)."""
+    folders = [SHIPPED_TEMPLATES]
+    trl = importlib.util.find_spec("trl")  # finds the package without importing it
+    for location in (trl.submodule_search_locations or []) if trl else []:
+        folders.append(Path(location) / "chat_templates")
+    return folders
+
+
+def chat_template_names() -> list[str]:
+    return sorted({p.stem for folder in template_folders() if folder.is_dir() for p in folder.glob("*.jinja")})
+
+
+def resolve_chat_template(spec: str) -> str:
+    """The text of a chat template given as a name (`qwen3`, `qwen3_training`), a path to a file, or the text."""
+    if "{{" in spec or "{%" in spec:
+        return spec
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return path.read_text(encoding="utf-8")
+    for folder in template_folders():
+        if (folder / f"{spec}.jinja").is_file():
+            return (folder / f"{spec}.jinja").read_text(encoding="utf-8")
+    raise ValueError(f"chat_template {spec!r} is not a file, a Jinja template or a known name; known names: "
+                     f"{', '.join(chat_template_names())}")
+
+
+def with_chat_template(tokenizer: Any, chat_template: str | None) -> Any:
+    """The tokenizer rendering with `chat_template`: a shallow copy, so the caller's tokenizer (often shared with
+    a trainer) keeps its own template."""
+    if chat_template is None:
+        return tokenizer
+    tokenizer = copy.copy(tokenizer)
+    tokenizer.chat_template = resolve_chat_template(chat_template)
+    return tokenizer
+
+
+@dataclass(frozen=True)
+class NextContext:
+    """What the next generation sees after a tool call.
+
+    `appended` are the tokens that follow the model's turn when the template kept the context append-only;
+    `rewritten` is the whole new context (as the template renders it) when it rewrote an earlier turn, else None.
+    `appended` is filled either way: in the `episode` sample mode the environment keeps the token stream going.
+    """
+
+    appended: list[int]
+    rewritten: list[int] | None = None
+
+
+class Conversation:
+    """An episode's chat messages and the text the template renders for them."""
+
+    def __init__(self, tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                 turn_end: str) -> None:
+        self.tokenizer = tokenizer
+        self.tools = tools
+        self.turn_end = turn_end
+        self.messages = list(messages)
+        self.text = self.render(self.messages)  # the context of the next generation, as text
+        self.reasoning_field: bool | None = None  # see assistant_message
+
+    def render(self, messages: list[dict[str, Any]]) -> str:
+        return self.tokenizer.apply_chat_template(messages, tools=self.tools, tokenize=False,
+                                                  add_generation_prompt=True)
+
+    def assistant_message(self, model_text: str, reasoning_field: bool | None = None) -> dict[str, str]:
+        """The model's turn as a message. Its text follows the think block the generation prompt opened, if any
+        (Qwen3.5+, DeepSeek-R1-Distill). Templates read reasoning either inside the content (Qwen3, R1) or from a
+        `reasoning_content` field (Qwen3.8): the form under which the template gave back the model's own tokens
+        is kept for the episode (`reasoning_field`)."""
+        text = (_THINK if self.text.endswith(_THINK) else "") + model_text
+        split = self.reasoning_field if reasoning_field is None else reasoning_field
+        if split and _END_THINK in text:
+            reasoning, content = text.split(_END_THINK, 1)
+            return {"role": "assistant", "content": content.lstrip("\n"),
+                    "reasoning_content": reasoning.removeprefix(_THINK).strip("\n")}
+        return {"role": "assistant", "content": text}
+
+    def after_tools(self, model_text: str, closing_ids: tuple[int, ...], tool_messages: list[dict[str, Any]]
+                    ) -> NextContext:
+        """Add the model's turn (its text without the end token) and the tool results; return what follows.
+
+        One rendering of the real conversation settles the usual case: it starts with the old context, the model's
+        text and the turn's end, so the context stayed append-only. Otherwise the template rewrote history, and what
+        it renders after a turn is found with a placeholder in place of the turn's content.
+        """
+        head = self.text + model_text + self.turn_end
+        rendered = []
+        for split in [self.reasoning_field] if self.reasoning_field is not None else [False, True]:
+            messages = [*self.messages, self.assistant_message(model_text, split), *tool_messages]
+            rendered.append((messages, self.render(messages)))
+            if rendered[-1][1].startswith(head):
+                self.reasoning_field = split
+                self.messages, self.text = rendered[-1]
+                # Text after a special token (the turn's end) tokenizes on its own, whatever came before it.
+                return NextContext([*closing_ids, *encode(self.tokenizer, self.text[len(head):])])
+        marked = self.render([*self.messages, self.assistant_message(_MARKER), *tool_messages])
+        after = marked[marked.index(_MARKER) + len(_MARKER):]
+        if not after.startswith(self.turn_end):
+            raise ValueError(f"the chat template does not end an assistant turn with {self.turn_end!r} "
+                             f"(it renders {after[:40]!r}); tool results cannot follow the model's turn")
+        self.messages, self.text = rendered[0]
+        appended = [*closing_ids, *encode(self.tokenizer, after[len(self.turn_end):])]
+        return NextContext(appended, rewritten=encode(self.tokenizer, self.text))

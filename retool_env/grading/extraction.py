@@ -1,0 +1,141 @@
+"""Answer extraction: which part of a model's text is its final answer.
+
+See the package docstring for the policy. Everything here runs on model output in the trainer's process, so every
+pattern is linear-time on hostile text.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+MAX_ANSWER_CHARS = 1000
+"""Longer predictions are rejected unread: no MATH-500 answer is over 160 characters, and sympy can choke on them."""
+
+BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_BRACE = re.compile(r"\\[{}]|[{}]")  # an escaped brace is content, not structure
+SPECIAL_TOKEN = re.compile(r"<\|[^|<>]{1,40}\|>")
+# Program text and tool output are not the model's answer: code that prints "\\boxed{42}" must not score.
+_NOT_ANSWER_TEXT = re.compile(
+    r"```.*?(?:```|\Z)|<(code|interpreter|tool_call|tool_response)>.*?(?:</\1>|\Z)", re.DOTALL | re.IGNORECASE
+)
+_ANSWER_BLOCK = re.compile(r"<answer>(.*?)(?:</answer>|\Z)", re.DOTALL | re.IGNORECASE)
+_ANSWER_LINE = re.compile(r"(?i)(?P<final>\bfinal\s+)?\banswer\s*(?:\*\*)?\s*[:：]\s*(?:\*\*)?[ \t]*(?P<value>[^\n]*)")
+_SENTENCE_END = re.compile(r"\.\s+(?=[A-Z])")  # "7.78. I hope it is correct." ends after 7.78
+_PROSE_VERB = re.compile(r"\b(?:is|are|equals)\b:?\s*")
+_MATH_SPAN = re.compile(r"(?<!\\)\$+((?:[^$\\]|\\.)+?)(?<!\\)\$+")  # "\\$" is a dollar sign, not math
+_BOX_OR_BRACE = re.compile(r"(?P<box>\\(?:boxed|fbox)\s*\{)|\\[{}]|(?P<open>\{)|(?P<close>\})")
+
+
+def braced_content(text: str, start: int) -> str | None:
+    """The text from `start` (just after an opening brace) to its matching closing brace, or None if unclosed."""
+    depth = 1
+    for match in _BRACE.finditer(text, start):
+        token = match.group()
+        if token == "{":
+            depth += 1
+        elif token == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start : match.start()]
+    return None
+
+
+def _boxes(text: str) -> list[tuple[int, str]]:
+    """(position, content) of each closed outermost `\\boxed{}`/`\\fbox{}`, in one linear scan: an unclosed
+    (truncated) box is skipped, a box inside a box is content."""
+    found: list[tuple[int, str]] = []
+    opened: list[tuple[int, int] | None] = []  # per open brace: a box's (position, content start), else None
+    for match in _BOX_OR_BRACE.finditer(text):
+        kind = match.lastgroup
+        if kind == "box":
+            opened.append((match.start(), match.end()))
+        elif kind == "open":
+            opened.append(None)
+        elif kind == "close" and opened:
+            box = opened.pop()
+            if box is not None:
+                while found and found[-1][0] > box[0]:
+                    found.pop()  # closed inside this box: content, not an answer of its own
+                found.append((box[0], text[box[1] : match.start()].strip()))
+    return found
+
+
+def _joined(contents: list[str]) -> str | None:
+    """Several boxes are one answer, as math-verify reads them: `\\boxed{1} and \\boxed{2}` is "1, 2". Repeats of
+    one value count once; different values are never alternatives to choose from (a one-part gold fails)."""
+    distinct: dict[str, str] = {}
+    for content in filter(None, contents):
+        distinct.setdefault("".join(content.split()).strip("$").rstrip("."), content)
+    return ", ".join(distinct.values()) or None
+
+
+def _last(matches: Iterator[re.Match[str]]) -> re.Match[str] | None:
+    last = None
+    for last in matches:  # noqa: B007 - only the last one is wanted
+        pass
+    return last
+
+
+def _line_value(line: str) -> str | None:
+    """The value an `Answer:` line states: `The largest $n$ is 34. I hope it is correct.` states 34."""
+    line = line[: MAX_ANSWER_CHARS + 1].strip().strip("*").strip()  # longer is rejected anyway
+    line = _SENTENCE_END.split(line, maxsplit=1)[0]
+    if line[:1].isalpha():  # prose: the value follows its last "is"
+        stated = _last(_PROSE_VERB.finditer(line))
+        if stated is not None and line[stated.end() :].strip():
+            line = line[stated.end() :]
+    span = _MATH_SPAN.search(line)
+    if span:
+        line = span.group(1)
+    return line.strip().rstrip(".").strip() or None
+
+
+def _final_answer(text: str) -> str | None:
+    """The last stated final answer of `text`: its boxes, unless a final-answer line comes after the last box."""
+    boxes = _boxes(text)
+    boxed = _joined([content for _, content in boxes])
+    line = _last(_ANSWER_LINE.finditer(text))
+    if line is not None and (boxed is None or line.start() > boxes[-1][0]):
+        stated = _line_value(line.group("value"))
+        before = text[text.rfind("\n", 0, line.start()) + 1 : line.start()]
+        final = line.group("final") or not before.strip(" \t>#*_-")  # "Final Answer:", or "Answer:" opening a line
+        if stated and (boxed is None or final):  # "...completes the answer: we are done" does not beat a box
+            return stated
+    return boxed
+
+
+def extract_answer(text: str) -> str | None:
+    """The model's final answer (the policy is in the package docstring): inside the last `<answer>` block when
+    there is one, its boxes, or the `Answer:` line stated after them, else None. Code blocks, `<interpreter>` output
+    and special tokens are ignored."""
+    text = SPECIAL_TOKEN.sub("", _NOT_ANSWER_TEXT.sub("\n", text))
+    blocks = _ANSWER_BLOCK.findall(text)
+    if blocks:
+        block = blocks[-1]
+        found = _final_answer(block)
+        if found:
+            return found
+        bare = block.strip()
+        if bare and len(bare) <= MAX_ANSWER_CHARS and "\\boxed" not in bare:
+            return _line_value(bare.replace("\n", " "))
+    return _final_answer(text)
+
+
+def strict_box_correct(text: str, gold: str) -> bool:
+    """verl/slime `math_dapo.compute_score(..., strict_box_verify=True)` exactly: the last `\\boxed{` within the last
+    100 characters, braces counted without escapes, compared to the gold as an exact string (no strip)."""
+    tail = text[-100:]
+    start = tail.rfind("\\boxed{")
+    extracted = "[INVALID]"  # verl's placeholder for "no box"; kept so the comparison is byte-for-byte theirs
+    if start >= 0:
+        depth = 0
+        for i in range(start, len(tail)):
+            if tail[i] == "{":
+                depth += 1
+            elif tail[i] == "}":
+                depth -= 1
+                if depth == 0:
+                    extracted = tail[start + len("\\boxed{") : i]
+                    break
+    return extracted == str(gold)

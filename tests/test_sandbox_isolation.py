@@ -1,0 +1,285 @@
+"""Isolation, checked from outside the sandbox: canaries, victims, the process table, memory, /tmp and /dev/shm.
+
+Each attack class the sandbox must contain (model code trying to reach the host's files, the server, other calls
+and their output, or to keep running after its call), as root and, through scripts/test_unprivileged.sh, as an
+unprivileged user. Where a check could pass vacuously, a positive control shows the detector would have fired.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from retool_env.sandbox import LocalSandbox, isolation, probes
+from retool_env.sandbox.isolation import python_paths
+
+pytestmark = pytest.mark.timeout(180)
+ROOT = os.geteuid() == 0
+CHECKOUT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    with LocalSandbox(timeout=4, max_concurrency=6, prefork=2, memory_mb=256, max_sessions=8) as sb:
+        sb.start()
+        yield sb
+
+
+def run_all(sb: LocalSandbox, *codes: str, **kw):
+    async def main():
+        return await asyncio.gather(*(sb.run(code, **kw) for code in codes))
+
+    return asyncio.run(main())
+
+
+def tree(pid: int) -> dict[int, str]:
+    """pid -> state of every process below `pid` on the host."""
+    parents, states = {}, {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        parents[int(entry)], states[int(entry)] = int(fields[1]), fields[0]
+    found, frontier = {}, {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier}
+        found |= {p: states[p] for p in frontier}
+    return found
+
+
+@pytest.mark.skipif(not shutil.which("bwrap"), reason="bubblewrap is not installed")
+def test_every_required_layer_is_on(sandbox):
+    """As root every layer; unprivileged all but a uid per call and cgroups (which need root)."""
+    rows = sandbox.layers()
+    assert [row for row in isolation.required(rows, root=ROOT) if not row.active] == []
+
+
+# -- the host's files ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def canaries(tmp_path_factory):
+    """Secret files the trainer can read and model code must not: in its home (mode 600, like a hub token), in
+    its /tmp, in /dev/shm, and (as root) a root-only file outside any home."""
+    token = secrets.token_hex(16)
+    home = Path(os.path.expanduser("~")) / f".retool-canary-{token[:8]}"
+    home.mkdir(mode=0o700)
+    paths = [home / "token", tmp_path_factory.mktemp("canary") / "secret", Path(f"/dev/shm/retool-canary-{token[:8]}")]
+    if ROOT:
+        paths.append(Path(f"/var/lib/retool-canary-{token[:8]}"))
+    for path in paths:
+        path.write_text(token)
+        path.chmod(0o600)
+    yield token, paths
+    for path in paths:
+        path.unlink(missing_ok=True)
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def test_canaries_stay_unread(sandbox, canaries):
+    token, paths = canaries
+    reads = "\n".join(f"try: print(open({str(p)!r}).read())\nexcept Exception as e: print(type(e).__name__)"
+                      for p in paths)
+    via_proc = (
+        "import os\nfor pid in filter(str.isdigit, os.listdir('/proc')):\n"
+        + "".join(f"    try: print(open(f'/proc/{{pid}}/root{p}').read())\n    except Exception: pass\n" for p in paths)
+        + "    try: print(open(f'/proc/{pid}/environ').read())\n    except Exception: pass\n"
+    )
+    by_handle = probes.code("open_by_handle_at", home="/", expected_in_home=[])
+    results = run_all(sandbox, reads, via_proc, by_handle)
+    assert all(r.status in ("ok", "error") for r in results), results
+    for result in results:
+        assert token not in result.output
+    # The positive control: the same read, run by the trainer, finds every canary.
+    assert all(p.read_text() == token for p in paths)
+
+
+def test_host_writes_are_refused(sandbox, tmp_path):
+    targets = [CHECKOUT / f"escaped-{secrets.token_hex(4)}", Path("/etc") / f"escaped-{secrets.token_hex(4)}",
+               Path(os.path.expanduser("~")) / f"escaped-{secrets.token_hex(4)}", tmp_path / "escaped"]
+    writes = "\n".join(f"try: open({str(t)!r}, 'w').write('x')\nexcept Exception as e: print(type(e).__name__)"
+                       for t in targets)
+    mount_api = probes.code("new mount API", home="/", expected_in_home=[])
+    results = run_all(sandbox, writes, mount_api)
+    assert not any(probes.escaped(r.output) for r in results), results
+    assert not [t for t in targets if t.exists()]
+
+
+# -- the server and other calls -----------------------------------------------------------------------------------
+
+VICTIM = """\
+import time
+secret = 'VICTIM-' + {tag!r}
+open('/tmp/victim.txt', 'w').write(secret)
+total = 0
+for i in range(30):
+    total += i
+    time.sleep(0.05)
+print(total, open('/tmp/victim.txt').read())
+"""
+
+ATTACKER = """\
+import ctypes, os, resource, signal
+libc = ctypes.CDLL(None, use_errno=True)
+me = os.getpid()
+for pid in [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != me]:
+    for attempt in (
+        lambda: os.kill(pid, signal.SIGKILL),
+        lambda: libc.syscall(434, pid, 0) >= 0 and print('pidfd', pid),
+        lambda: libc.syscall(129, pid, signal.SIGKILL, ctypes.create_string_buffer(128)) == 0 and print('sigqueue'),
+        lambda: resource.prlimit(pid, resource.RLIMIT_NOFILE, (0, 0)),
+        lambda: libc.syscall(438, libc.syscall(434, pid, 0), 3, 0) >= 0 and print('pidfd_getfd'),
+        lambda: print(open(f'/proc/{pid}/cwd/victim.txt').read()),
+        lambda: print(open(f'/proc/{pid}/root/tmp/victim.txt').read()),
+        lambda: print(os.listdir(f'/proc/{pid}/map_files')),
+        lambda: open(f'/proc/{pid}/mem', 'r+b').write(b'x'),
+    ):
+        try:
+            attempt()
+        except Exception:
+            pass
+print('attacker done')
+"""
+
+
+def test_victims_survive_attackers_beside_them(sandbox):
+    tag = secrets.token_hex(8)
+    results = run_all(sandbox, VICTIM.format(tag=tag), ATTACKER, ATTACKER, VICTIM.format(tag=tag), ATTACKER)
+    victims, attackers = [results[0], results[3]], [results[1], results[2], results[4]]
+    for victim in victims:
+        assert victim.status == "ok" and victim.stdout == f"435 VICTIM-{tag}\n", victim
+    for attacker in attackers:
+        assert attacker.stdout.endswith("attacker done\n") and tag not in attacker.output, attacker
+    assert sandbox.run_sync("print('still serving')").stdout == "still serving\n"
+
+
+def test_a_session_victim_keeps_its_state(sandbox):
+    async def main():
+        await sandbox.run("secret = 41", session="victim")
+        await asyncio.gather(*(sandbox.run(ATTACKER, session=f"attacker-{i}") for i in range(2)))
+        return await sandbox.run("secret + 1", session="victim")
+
+    assert asyncio.run(main()).stdout == "42\n"
+
+
+def test_children_have_their_own_uid_and_namespaces(sandbox):
+    code = "import os, time\ntime.sleep(0.3)\nprint(os.getuid(), os.readlink('/proc/self/ns/user'))"
+    results = run_all(sandbox, *[code] * 4)
+    uids = [r.stdout.split()[0] for r in results]
+    namespaces = {r.stdout.split()[1] for r in results}
+    assert len(namespaces) == 4 and os.readlink("/proc/self/ns/user") not in namespaces
+    if ROOT:
+        assert len(set(uids)) == 4 and "0" not in uids, uids
+    else:
+        assert set(uids) == {str(os.getuid())}
+
+
+def test_no_code_or_output_left_in_memory_for_later_calls(sandbox):
+    secret_code, secret_output = f"CODE{secrets.token_hex(12)}", f"OUT{secrets.token_hex(12)}"
+    assert sandbox.run_sync(f"marker = {secret_code!r}\nprint({secret_output!r} * 100)").ok
+    # Searched for reversed, so the scanner's own code does not contain what it looks for.
+    # Every writable anonymous region (heap, arenas, stack): where freed buffers would linger. Each secret is given
+    # in two halves and matched by a regex (which holds neither the text nor the bytes of the whole), so the
+    # scanner's own memory holds no copy of what it looks for.
+    scan = """\
+import ctypes, re
+patterns = [re.compile(re.escape(a.encode()) + b'(?:)' + re.escape(b.encode())) for a, b in {halves!r}]
+found = set()
+for line in open('/proc/self/maps').read().splitlines():
+    parts = line.split()
+    start, end = (int(x, 16) for x in parts[0].split('-'))
+    if not parts[1].startswith('rw') or (len(parts) > 5 and parts[5] not in ('[heap]', '[stack]')):
+        continue
+    chunk = ctypes.string_at(start, end - start)
+    found |= {{i for i, p in enumerate(patterns) if p.search(chunk)}}
+print('FOUND', len(found))
+"""
+
+    def halves(*texts: str) -> list[tuple[str, str]]:
+        return [(t[: len(t) // 2], t[len(t) // 2 :]) for t in texts]
+
+    mine = secrets.token_hex(8)
+    control = f"here = 'MINE' + {mine!r}\n" + scan.format(halves=halves("MINE" + mine))
+    assert "FOUND 1" in sandbox.run_sync(control).output  # the scan does find what is in memory
+    for result in run_all(sandbox, *[scan.format(halves=halves(secret_code, secret_output))] * 4):
+        assert result.stdout.strip() == "FOUND 0", result
+
+
+# -- what a call leaves behind ------------------------------------------------------------------------------------
+
+
+def test_nothing_a_session_starts_outlives_its_call(sandbox):
+    code = """\
+import os, time
+for _ in range(3):
+    if os.fork() == 0:
+        try:
+            os.setsid()
+        except OSError:
+            pass
+        while True:
+            pass
+for fd in range(3, 64):
+    try:
+        os.write(fd, b'T\\n')
+    except OSError:
+        pass
+print('returned')
+"""
+    server = sandbox.server_pid
+    before = tree(server)
+    result = sandbox.run_sync(code, session="fork-bomb")
+    assert result.status in ("ok", "error", "sandbox_error"), result  # a forged report may cut its output short
+    time.sleep(0.5)
+    after = tree(server)
+    # One new process at most (the session's head, stopped between calls); nothing left running.
+    alive = {pid: state for pid, state in after.items() if state != "Z"}  # killed, reaped when the head resumes
+    assert len(alive) <= len(before) + 1, (before, after)
+    assert [pid for pid, state in after.items() if state == "R"] == []
+    # The cell forged its head's reports: that may cost its own session (a session is as trusted as its code),
+    # never a hang, and a fresh session follows.
+    forged = sandbox.run_sync("print('next')", session="fork-bomb", timeout=2)
+    assert forged.status in ("ok", "error", "sandbox_error", "timeout"), forged
+    assert sandbox.run_sync("print('again')", session="fork-bomb").stdout == "again\n"
+    asyncio.run(sandbox.close_session("fork-bomb"))
+
+
+def test_close_leaves_no_process():
+    sb = LocalSandbox(timeout=3, prefork=1)
+    sb.run_sync("import os\nif os.fork() == 0:\n    while True: pass", session="s")
+    server = sb.server_pid
+    assert tree(server)
+    sb.close()
+    deadline = time.time() + 10
+    while time.time() < deadline and (tree(server) or os.path.exists(f"/proc/{server}")):
+        time.sleep(0.1)
+    assert not tree(server) and not os.path.exists(f"/proc/{server}")
+
+
+def test_tmp_and_shm_are_private_and_bounded(sandbox):
+    fill = "block = b'x' * (48 << 20)\nfor i in range(32):\n    open(f'/tmp/fill{i}', 'wb').write(block)"
+    filled = sandbox.run_sync(fill)
+    assert filled.status in ("error", "memory", "killed"), filled  # 1.5 GB of files against 256 MB
+    assert "No space left" in filled.output or filled.status in ("memory", "killed")
+    mark = f"mark-{secrets.token_hex(4)}"
+    marks = f"open('/tmp/{mark}', 'w').write('m'); open('/dev/shm/{mark}', 'w').write('m')"
+    look = "import os\nprint(os.listdir('/tmp'), os.listdir('/dev/shm'))"
+    assert sandbox.run_sync(marks).ok
+    assert sandbox.run_sync(look).stdout == "[] []\n"
+    assert not os.path.exists(f"/dev/shm/{mark}")
+
+
+def test_every_doctor_attack_is_contained(sandbox):
+    home = os.path.expanduser("~")
+    expected = sorted({p[len(home) + 1:].split("/")[0] for p in python_paths() if p.startswith(home + "/")})
+    codes = [probes.code(name, home=home, expected_in_home=expected) for name in probes.ATTACKS]
+    for name, result in zip(probes.ATTACKS, run_all(sandbox, *codes), strict=True):
+        assert not probes.escaped(result.output), (name, result.output)
