@@ -143,6 +143,7 @@ class ReToolRollout:
             raise RuntimeError(f"every episode of the batch failed, so there is nothing to train on; the first: "
                                f"{trajectories[0].finish_reason}")
         log_episode_metrics(trainer, trajectories)
+        log_sandbox_metrics(trainer, self.env_kwargs.get("sandbox", "local"))
         return self.to_rollout_output(trajectories, problems, make_env)
 
     def problem_for(self, prompt: Any) -> Problem:
@@ -327,6 +328,17 @@ def log_episode_metrics(trainer: Any, trajectories: Sequence[Trajectory]) -> Non
     for name, values in episode_metrics(trajectories).items():
         for value in values:
             trainer._log_metric(name, value)
+
+
+def log_sandbox_metrics(trainer: Any, sandbox: Any) -> None:
+    """`retool/sandbox/*` (in flight, queued, p50/p99 latency, calls, errors, retries, lost) from a sandbox that keeps
+    them (`RaySandbox.stats()`); nothing for the others."""
+    from retool_env.env import shared_sandbox
+
+    stats = getattr(shared_sandbox(sandbox) if isinstance(sandbox, str) else sandbox, "stats", None)
+    for name, value in (stats() if stats else {}).items():
+        if isinstance(value, (int, float)):
+            trainer._log_metric(f"retool/sandbox/{name}", value)
 
 
 # ----------------------------------------------------------------------------------------------- reward functions

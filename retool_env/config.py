@@ -33,7 +33,8 @@ class EnvConfig:
     prompt: str | None = field(default=None, metadata={
         "help": "Prompt template (retool, dapo, slime, plain); default: the tool format's own."})
     sandbox: str = field(default="local", metadata={
-        "help": "local (the embedded fork-server sandbox) or a SandboxFusion /run_code URL."})
+        "help": "local (the embedded fork-server sandbox), ray (a pool over a Ray cluster; ray:resource=sandbox "
+                "names the nodes' resource) or a SandboxFusion /run_code URL."})
     reward: str = field(default="retool", metadata={
         "help": "Reward scheme (retool, retool_slime, paper, binary) or a 'package.module:function' path."})
     reward_kwargs: dict | str | None = field(default=None, metadata={

@@ -139,7 +139,7 @@ class ToolEnvironment(gym.Env):
     `tokenizer` (object, name or path), `dataset` (Problems, dicts, a file or a name `load_problems` knows),
     `split` (for named datasets; None picks each dataset's default), `tool_format`, `prompt` (a name in
     `retool_env.prompts.PROMPTS` or a PromptTemplate; default: the format's),
-    `sandbox` ("local", a SandboxFusion URL, or a Sandbox), `reward` (a scheme name or callable) and
+    `sandbox` ("local", "ray", a SandboxFusion URL, or a Sandbox), `reward` (a scheme name or callable) and
     `reward_kwargs`, the budgets above, `tool_timeout` (seconds per call), `stateful` (variables persist between an
     episode's calls), `chat_template` and `sample_mode` (above): the fields of `retool_env.config.EnvConfig`, which
     declares their defaults, so `ToolEnvironment(tokenizer, dataset, **config)` takes an EnvConfig. Besides: `render_mode` ("ansi"),

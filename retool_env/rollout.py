@@ -97,8 +97,21 @@ async def run_episode(
         action = {"token_ids": generation.token_ids, "logprobs": generation.logprobs,
                   "finish_reason": generation.finish_reason}
         _, _, terminated, truncated, info = await env.astep(action)
+        if getattr(env, "stateful", False) and any(r["status"] == "sandbox_error" for r in info["tool_results"]):
+            # The executor failed mid-episode: the session's variables may be gone, so later cells would run on a
+            # state the model never built. Such an episode is not honest training data.
+            raise EpisodeAborted("the sandbox failed in a stateful episode (its session state is lost)")
         if terminated or truncated:
             return traj
+
+
+def sandbox_postfix(env: Any) -> dict[str, Any]:
+    """Queue depth and latency for the progress bar, from a sandbox that keeps them (`RaySandbox.stats()`)."""
+    stats = getattr(getattr(getattr(env, "unwrapped", env), "sandbox", None), "stats", None)
+    if stats is None:
+        return {}
+    s = stats()
+    return {"in_flight": s["in_flight"], "queued": s["queued"], "p99": f"{s['p99'] or 0:.2f}s"}
 
 
 def aborted_trajectory(problem: Problem, reason: str, prompt_ids: Sequence[int] = ()) -> Trajectory:
@@ -178,7 +191,8 @@ async def run_episodes(
                     stats["aborted"] += 1
                 stats["done"] += 1
                 bar.update(1)
-                bar.set_postfix(acc=f"{stats['correct'] / stats['done']:.2f}", aborted=stats["aborted"], refresh=False)
+                bar.set_postfix(acc=f"{stats['correct'] / stats['done']:.2f}", aborted=stats["aborted"], refresh=False,
+                                **(sandbox_postfix(env) if progress else {}))
         finally:
             env.close()
 

@@ -11,7 +11,7 @@ import pytest
 
 from retool_env import Problem, ToolEnvironment
 from retool_env.rollout import Generation, run_episode, run_episodes
-from retool_env.sandbox import LocalSandbox
+from retool_env.sandbox import ExecResult, LocalSandbox
 
 
 class Solver:
@@ -138,3 +138,19 @@ def test_cancellation_propagates_and_the_sandbox_keeps_serving(tiny_tok):
     asyncio.run(cancel_midway())
     traj = asyncio.run(run_episode(factory(tiny_tok)(), Solver(tiny_tok), problem=PROBLEMS[1]))
     assert traj.correct
+
+
+class FailingSandbox(LocalSandbox):
+    """The executor fails on every call (a lost server or node), as `sandbox_error`."""
+
+    async def run(self, code, **kwargs):
+        return ExecResult.failure("sandbox_error", "SandboxError: the node went away")
+
+
+def test_a_sandbox_error_aborts_a_stateful_episode_only(tiny_tok):
+    sandbox = FailingSandbox()
+    make = lambda stateful: lambda: ToolEnvironment(tiny_tok, PROBLEMS, sandbox=sandbox, stateful=stateful)  # noqa: E731
+    stateful = asyncio.run(run_episodes(PROBLEMS[:2], make(True), Solver(tiny_tok), progress=False))
+    assert all(t.aborted and "session state is lost" in t.finish_reason for t in stateful)
+    stateless = asyncio.run(run_episodes(PROBLEMS[:2], make(False), Solver(tiny_tok), progress=False))
+    assert not any(t.aborted for t in stateless)  # the model saw the error; no state was at stake

@@ -2,6 +2,8 @@
 
 - `LocalSandbox`: the embedded default, a pre-warmed fork server on this machine.
 - `SandboxFusionSandbox`: a client for a SandboxFusion `/run_code` service.
+- `SandboxFusionPool`: several SandboxFusion endpoints as one, with routing, back-pressure, failover and stats.
+- `RaySandbox` (`retool_env.sandbox.ray_pool`, the `ray` extra): `LocalSandbox` actors over a Ray cluster's nodes.
 
 The local sandbox, one job per module: `local` (the client: starts the server, sends requests), `isolation` (the
 namespace wrapper the server runs in, and the report of every layer), `server` (scheduling: the pool, the
@@ -13,23 +15,49 @@ one cell, the output buffer), `seccomp`, `cgroups`, `protocol` (framing), `probe
 
 from __future__ import annotations
 
+import ast
 from typing import Any
 
 from .base import ExecResult, Sandbox
 from .fusion import SandboxFusionSandbox
 from .local import LocalSandbox
+from .pool import SandboxFusionPool
 
-__all__ = ["ExecResult", "LocalSandbox", "Sandbox", "SandboxFusionSandbox", "make_sandbox"]
+__all__ = ["ExecResult", "LocalSandbox", "Sandbox", "SandboxFusionPool", "SandboxFusionSandbox", "make_sandbox"]
 
 
 def make_sandbox(spec: str | Sandbox | None = "local", **kwargs: Any) -> Sandbox:
-    """Build a sandbox from a name: `local`, `sandbox_fusion:<url>`, an http(s) URL, or an existing instance."""
+    """Build a sandbox from a name: `local`, `ray[:key=value,...]`, `sandbox_fusion:<url>[,<url>...]` or
+    `sandbox_fusion:@<file of URLs>` (several: a `SandboxFusionPool`), an http(s) URL, or an existing instance.
+    `ray:resource=sandbox,resource_per_actor=1` passes `RaySandbox` arguments from a config file.
+    """
     if isinstance(spec, Sandbox):
         return spec
     if spec is None or spec == "local":
         return LocalSandbox(**kwargs)
+    if spec == "ray" or spec.startswith("ray:"):
+        try:
+            from .ray_pool import RaySandbox
+        except ImportError as exc:
+            raise ImportError(f"sandbox 'ray' needs Ray: pip install 'retool-env[ray]' ({exc})") from exc
+        options = dict(item.split("=", 1) for item in spec.removeprefix("ray").removeprefix(":").split(",") if item)
+        return RaySandbox(**{key: _literal(value) for key, value in options.items()}, **kwargs)
     if spec.startswith("sandbox_fusion:"):
-        return SandboxFusionSandbox(spec.removeprefix("sandbox_fusion:"), **kwargs)
+        urls = spec.removeprefix("sandbox_fusion:")
+        if urls.startswith("@"):
+            return SandboxFusionPool(urls[1:], **kwargs)
+        if "," in urls:
+            return SandboxFusionPool(urls.split(","), **kwargs)
+        return SandboxFusionSandbox(urls, **kwargs)
     if spec.startswith(("http://", "https://")):
         return SandboxFusionSandbox(spec, **kwargs)
-    raise ValueError(f"unknown sandbox {spec!r}; use 'local', 'sandbox_fusion:http://host:port/run_code' or a URL")
+    raise ValueError(f"unknown sandbox {spec!r}; use 'local', 'ray', 'sandbox_fusion:http://host:port/run_code' or "
+                     "a URL")
+
+
+def _literal(text: str) -> Any:
+    """`8` -> 8, `auto` -> "auto": option values written in a config string."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text

@@ -1,0 +1,146 @@
+"""The pools' shared parts (the cross-loop gate) and SandboxFusionPool against two real `retool-env sandbox serve`
+processes, one of them killed mid-run."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from retool_env.sandbox import make_sandbox
+from retool_env.sandbox.pool import Gate, SandboxFusionPool
+
+
+def test_gate_is_fifo_and_hands_on_a_cancelled_slot():
+    async def main():
+        gate, order = Gate(1), []
+
+        async def call(name):
+            await gate.acquire()
+            order.append(name)
+            await asyncio.sleep(0.01)
+            gate.release()
+
+        await gate.acquire()
+        tasks = [asyncio.create_task(call(n)) for n in "abc"]
+        await asyncio.sleep(0.01)
+        assert gate.waiting == 3
+        tasks[1].cancel()
+        gate.release()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return order, gate.active
+
+    assert asyncio.run(main()) == (["a", "c"], 0)
+
+
+def test_gate_serves_callers_on_different_event_loops():
+    gate = Gate(1)
+
+    async def hold_then_release():
+        await gate.acquire()
+        await asyncio.sleep(0.2)
+        gate.release()
+
+    async def wait_for_it():
+        await asyncio.sleep(0.05)
+        await asyncio.wait_for(gate.acquire(), 5)
+        gate.release()
+
+    thread = threading.Thread(target=asyncio.run, args=(hold_then_release(),))
+    thread.start()
+    asyncio.run(wait_for_it())
+    thread.join()
+    assert gate.active == 0
+
+
+TOKEN = "pool-test-token"
+
+
+def start_server(port=0):
+    proc = subprocess.Popen([sys.executable, "-m", "retool_env.cli", "sandbox", "serve", "--port", str(port),
+                             "--max-concurrency", "4"], stdout=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "RETOOL_SANDBOX_TOKEN": TOKEN})
+    line = proc.stdout.readline()
+    assert "run_code" in line, line
+    return proc, line.split()[-1]
+
+
+@pytest.fixture()
+def servers():
+    procs = [start_server() for _ in range(2)]
+    yield procs
+    for proc, _ in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def test_make_sandbox_builds_a_pool_from_a_list_or_a_file(tmp_path):
+    pool = make_sandbox("sandbox_fusion:http://a:1/run_code,http://b:2")
+    assert isinstance(pool, SandboxFusionPool)
+    assert [e.client.url for e in pool.endpoints] == ["http://a:1/run_code", "http://b:2/run_code"]
+    (tmp_path / "urls.txt").write_text("# sandbox nodes\nhttp://a:1/run_code\n\nhttp://c:3/run_code  # spare\n")
+    pool = make_sandbox(f"sandbox_fusion:@{tmp_path / 'urls.txt'}")
+    assert [e.client.url for e in pool.endpoints] == ["http://a:1/run_code", "http://c:3/run_code"]
+
+
+def test_a_server_killed_mid_run_costs_retries_not_results(servers):
+    (first, first_url), (_, second_url) = servers
+    pool = SandboxFusionPool([first_url, second_url], per_endpoint=4, timeout=10, health_interval=0.5, token=TOKEN)
+
+    async def kill_first_midway():
+        await asyncio.sleep(1.0)
+        os.killpg(first.pid, signal.SIGKILL)
+
+    async def main():
+        calls = [pool.run(f"import time; time.sleep(0.2); print({i})") for i in range(60)]
+        results, _ = await asyncio.gather(asyncio.gather(*calls), kill_first_midway())
+        during = pool.stats()
+        await pool.aclose()
+        return results, during
+
+    results, stats = asyncio.run(main())
+    assert [r.stdout for r in results] == [f"{i}\n" for i in range(60)]  # none lost, none wrong
+    assert stats["nodes"][first_url]["calls"] > 0 and stats["nodes"][second_url]["calls"] > 0  # both served
+    assert stats["retries"] >= 1 and stats["nodes"][first_url]["lost"] == 1 and stats["actors"] == 1
+    assert stats["in_flight"] == 0 and stats["queued"] == 0 and stats["p50"] <= stats["p99"]
+
+    restarted, _ = start_server(int(first_url.rsplit(":", 1)[1].split("/")[0]))  # the node comes back
+    try:
+        async def until_both_up():
+            for _ in range(100):
+                await asyncio.gather(*(pool.run("print(1)") for _ in range(4)))
+                if pool.stats()["actors"] == 2:
+                    break
+                await asyncio.sleep(0.1)
+            await pool.aclose()
+
+        asyncio.run(until_both_up())
+        assert pool.stats()["actors"] == 2  # a probe passed, and it is routed to again
+    finally:
+        os.killpg(restarted.pid, signal.SIGTERM)
+        restarted.wait(timeout=30)
+
+
+def test_calls_beyond_the_limit_queue_and_a_down_pool_says_so(servers):
+    (_, url), _ = servers
+    pool = SandboxFusionPool([url], per_endpoint=2, timeout=10, token=TOKEN)
+
+    async def main():
+        calls = [asyncio.create_task(pool.run(f"import time; time.sleep(0.4); print({i})")) for i in range(6)]
+        await asyncio.sleep(0.2)
+        during = pool.stats()
+        results = await asyncio.gather(*calls)
+        await pool.aclose()
+        return during, results
+
+    during, results = asyncio.run(main())
+    assert during["in_flight"] == 2 and during["queued"] == 4 and all(r.ok for r in results)
+    dead = SandboxFusionPool(["http://127.0.0.1:9/run_code"], health_interval=0.1)
+    result = dead.run_sync("print(1)")
+    assert result.status == "sandbox_error" and dead.stats()["actors"] == 0
