@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 from retool_env.config import EnvConfig
 from retool_env.data import Problem
 from retool_env.env import EMPTY_OUTPUT, load_tokenizer, shared_sandbox
-from retool_env.formats import clip_tokens, strip_code_fences
+from retool_env.formats import CODE_INTERPRETER_TOOL, clip_tokens, strip_code_fences
 from retool_env.grading import Grade, grade
 from retool_env.rewards import EpisodeStats, get_reward_fn
 from retool_env.rollout import Generator, SamplingParams, run_episodes
@@ -384,10 +384,11 @@ class CodeInterpreterEnvironment:
 
     What this path cannot do that `ReToolRollout` (`rollout_func`) can: the paper's `retool` format (TRL parses only
     the chat template's own tool calls); observation tokens exactly as the environment renders them (TRL renders the
-    tool turn, and the tool schema in the prompt is TRL's, built from `code_interpreter`'s docstring); ending an
-    episode at `max_tool_calls` (TRL keeps generating, so the model is told to answer); a per-turn budget
+    tool turn its own way; the prompt, tool schema included, is the same); ending an episode at `max_tool_calls`
+    (TRL keeps generating, so the model is told to answer instead); a per-turn budget
     (`max_turn_tokens`; the episode's budget is GRPOConfig's `max_completion_length`); episodes that never wait for
     each other (TRL's tool rounds are lockstep). Picklable, as AsyncGRPOTrainer requires, when its arguments are.
+    TRL offers every public method as a tool, so the helpers are private.
     """
 
     def __init__(self, tokenizer: Any, **config: Any) -> None:
@@ -419,18 +420,9 @@ class CodeInterpreterEnvironment:
         self.answer, self.tool_calls, self.grade, self.num_turns = str(row["answer"]), [], None, 0
         self._session = f"trl-episode-{next(_trl_episodes)}" if self.config.stateful else None
 
-    def code_interpreter(self, code: str) -> str:
-        """Run Python code in a sandbox and return what it prints (the value of a trailing expression is printed
-        too). numpy and sympy are available.
-
-        Args:
-            code: The Python code to run.
-
-        Returns:
-            The output of the code, or an error message.
-        """
+    def code_interpreter(self, code: str):  # no return annotation: TRL would add it to the tool's schema
         code = strip_code_fences(code) if isinstance(code, str) else ""
-        if self.tool_stats().executed >= self.config.max_tool_calls:
+        if self._tool_stats().executed >= self.config.max_tool_calls:
             text, status, duration = (f"Error: the budget of {self.config.max_tool_calls} tool calls is spent; "
                                       f"give the final answer now."), ToolStatus.SKIPPED, 0.0
         elif not code.strip():
@@ -442,18 +434,23 @@ class CodeInterpreterEnvironment:
         self.tool_calls.append(ToolCallRecord(code, text, status, duration))
         return text
 
+    # TRL builds the tool's schema from this docstring: make it the schema ToolEnvironment's prompts advertise.
+    code_interpreter.__doc__ = "{description}\n\nArgs:\n    code: {code}\n".format(
+        description=CODE_INTERPRETER_TOOL["function"]["description"],
+        code=CODE_INTERPRETER_TOOL["function"]["parameters"]["properties"]["code"]["description"])
+
     def get_reward(self) -> float:
         """The reward scheme's value for the graded final answer and the episode's tool calls."""
         if self.grade is None:
             raise RuntimeError("CodeInterpreterEnvironment has not seen the rollout's final answer: put "
                                "grade_final_answers in reward_funcs (weight 0); it hands the answer over")
-        return float(self.reward_fn(self.grade, self.episode_stats()))
+        return float(self.reward_fn(self.grade, self._episode_stats()))
 
-    def tool_stats(self) -> ToolStats:
+    def _tool_stats(self) -> ToolStats:
         return ToolStats.of([call.status for call in self.tool_calls])
 
-    def episode_stats(self) -> EpisodeStats:
-        tools = self.tool_stats()
+    def _episode_stats(self) -> EpisodeStats:
+        tools = self._tool_stats()
         return EpisodeStats(num_tool_calls=tools.executed, num_turns=self.num_turns,
                             num_tool_errors=tools.failed + tools.invalid, num_tool_timeouts=tools.timeouts,
                             truncated=tools.skipped > 0, finish_reason="max_tool_calls" if tools.skipped else "answer")
