@@ -114,6 +114,7 @@ class ReToolRolloutWorker:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._heartbeat = time.time()
+        self._last_failure = "none"
 
     # --------------------------------------------------------------------------------------- RolloutWorkerProtocol
     def start(self) -> None:
@@ -136,14 +137,16 @@ class ReToolRolloutWorker:
         self.model_version = model_version
 
     def check_health(self, stale_after_s: float) -> None:
-        """Raise if the worker failed, or finished no group in `stale_after_s` seconds."""
+        """Raise if the worker failed, or queued no sample for `stale_after_s` seconds (a generator that fails every
+        episode, say)."""
         if self._error is not None:
             raise RuntimeError("the ReTool rollout worker failed; see the chained exception") from self._error
         if self._thread is not None and not self._thread.is_alive() and not self._stop.is_set():
             raise RuntimeError("the ReTool rollout worker stopped without an error")
         age = time.time() - self._heartbeat
         if age > stale_after_s:
-            raise RuntimeError(f"the ReTool rollout worker finished no group in {age:.0f} s (> {stale_after_s:.0f} s)")
+            raise RuntimeError(f"the ReTool rollout worker finished no group in {age:.0f} s (> {stale_after_s:.0f} s); "
+                               f"the last failed episode: {self._last_failure}")
 
     # ------------------------------------------------------------------------------------------------ the loop
     def _run(self) -> None:
@@ -189,7 +192,10 @@ class ReToolRolloutWorker:
             sample.enqueued_at = time.time()
             await asyncio.to_thread(self.rollout_buffer.put, sample)  # blocks while a bounded queue is full
         self._push_metrics(trajectories, dropped_stale=len(samples) - len(fresh))
-        self._heartbeat = time.time()
+        if samples:
+            self._heartbeat = time.time()
+        else:  # every episode failed: check_health says why once no group has succeeded for too long
+            self._last_failure = trajectories[0].finish_reason if trajectories else "no episode ran"
 
     def _make_env(self) -> ToolEnvironment:
         return ToolEnvironment(self.tokenizer, self.problems, **self.env_config)
