@@ -10,6 +10,7 @@ attention needs FlashAttention-3 kernels on a GPU, is not taken.
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import queue
 import threading
@@ -204,7 +205,10 @@ def test_a_failing_worker_is_reported_by_check_health(model_dir, problems):
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     worker = ReToolRolloutWorker(problems, tokenizer, Broken(), num_generations=2)
     worker.start()
-    time.sleep(1.0)
+    deadline = time.time() + 30
+    while worker._last_failure == "none" and time.time() < deadline:  # the sandbox starts with the first group
+        time.sleep(0.1)
+    time.sleep(0.6)
     with pytest.raises(RuntimeError, match="injected generator failure"):  # every episode fails: no sample, and why
         worker.check_health(stale_after_s=0.5)
     worker.stop()
@@ -218,3 +222,5 @@ def test_a_failing_worker_is_reported_by_check_health(model_dir, problems):
         crashing.check_health(stale_after_s=60)
     crashing.stop()
     assert not any(t.name == "retool-rollout-worker" for t in threading.enumerate())
+    del worker, crashing
+    gc.collect()  # the failed loops' frames now, not in a later garbage collection inside CPython 3.11's compiler
