@@ -224,3 +224,23 @@ def test_a_failing_worker_is_reported_by_check_health(model_dir, problems):
     assert not any(t.name == "retool-rollout-worker" for t in threading.enumerate())
     del worker, crashing
     gc.collect()  # the failed loops' frames now, not in a later garbage collection inside CPython 3.11's compiler
+
+
+# ------------------------------------------------------------------------------------------- training/grpo_trl.py
+def test_the_async_recipe_parses_and_the_script_takes_async():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from training import grpo_trl
+
+    root = Path(__file__).resolve().parents[1]
+    config = root / "training" / "configs" / "async_grpo_qwen3_4b_dapo.yaml"
+    env_args, training_args, model_args = grpo_trl.make_parser(asynchronous=True).parse_args_and_config(
+        ["--config", str(config), "--use_cpu", "true"])  # bf16 validates only on a GPU, or with use_cpu
+    assert type(training_args).__name__ == "AsyncGRPOConfig" and training_args.max_staleness == 2
+    assert training_args.dtype == "bfloat16" and training_args.num_generations == 8 and env_args.dataset == "dapo"
+    assert model_args.model_name_or_path == "Qwen/Qwen3-4B-Instruct-2507"
+    result = subprocess.run([sys.executable, str(root / "training" / "grpo_trl.py"), "--async", "--help"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "--max_staleness" in result.stdout and "--max_tool_calls" in result.stdout
