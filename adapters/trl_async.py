@@ -188,10 +188,10 @@ class ReToolRolloutWorker:
         samples = self.to_samples(trajectories, group_id)
         fresh = [s for s in samples if self.max_staleness is None
                  or self.model_version - s.model_version <= self.max_staleness]
+        self._push_metrics(trajectories, dropped_stale=len(samples) - len(fresh))  # first: a reader of a sample has them
         for sample in fresh:
             sample.enqueued_at = time.time()
             await asyncio.to_thread(self.rollout_buffer.put, sample)  # blocks while a bounded queue is full
-        self._push_metrics(trajectories, dropped_stale=len(samples) - len(fresh))
         if samples:
             self._heartbeat = time.time()
         else:  # every episode failed: check_health says why once no group has succeeded for too long
