@@ -443,7 +443,9 @@ class CodeInterpreterEnvironment:
         """The reward scheme's value for the graded final answer and the episode's tool calls."""
         if self.grade is None:
             raise RuntimeError("CodeInterpreterEnvironment has not seen the rollout's final answer: put "
-                               "grade_final_answers in reward_funcs (weight 0); it hands the answer over")
+                               "grade_final_answers in GRPOTrainer's reward_funcs (weight 0); it hands the answer "
+                               "over. AsyncGRPOTrainer shows its reward functions no environment: there, use "
+                               "retool_adapters.trl_async.ReToolRolloutWorker")
         return float(self.reward_fn(self.grade, self._episode_stats()))
 
     def _tool_stats(self) -> ToolStats:

@@ -19,7 +19,6 @@ from collections import defaultdict
 
 import numpy as np
 import pytest
-import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from retool_adapters.generators import HFGenerator
@@ -29,13 +28,7 @@ from retool_env import ToolEnvironment
 from retool_env.data import load_problems
 from retool_env.rollout import EpisodeAborted, SamplingParams, run_episode
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see conftest.py
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -12,7 +12,6 @@ import pickle
 from collections import defaultdict
 
 import pytest
-import torch
 from transformers import AutoTokenizer
 
 from retool_adapters.trl import CodeInterpreterEnvironment, grade_final_answers, problems_to_dataset
@@ -34,6 +33,9 @@ EPISODES = {
     "no tool call": ([], "\\boxed{42}", {}),
 }
 REWARDS = {"retool": {}, "paper": {}, "retool_slime": {"tool_call_cost": 0.05}}
+
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see conftest.py
 
 
 def tool_call(code: str) -> str:
@@ -142,14 +144,6 @@ def problems() -> list[Problem]:
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory, problems):
     return build_tool_calling_qwen(tmp_path_factory.mktemp("tool_qwen"), problems)
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 class Recording(CodeInterpreterEnvironment):
