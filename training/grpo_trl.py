@@ -126,6 +126,8 @@ def main_async(env_args: EnvArguments, training_args, model_args) -> None:
     from retool_adapters.trl_async import ReToolRolloutWorker
     from retool_env.data import load_problems
 
+    if not model_args.model_name_or_path:
+        raise ValueError("--async needs --model_name_or_path: the model the vLLM server at vllm_server_base_url serves")
     tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision)
     problems = load_problems(env_args.dataset, split=env_args.dataset_split, limit=env_args.dataset_limit)
     env_config = EnvConfig.from_settings(
