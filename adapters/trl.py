@@ -25,15 +25,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import math
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from retool_adapters.chat_templates import training_env_kwargs
+from retool_env.config import EnvConfig
 from retool_env.data import Problem
+from retool_env.env import EMPTY_OUTPUT, load_tokenizer, shared_sandbox
+from retool_env.formats import CODE_INTERPRETER_TOOL, clip_tokens, strip_code_fences
+from retool_env.grading import Grade, grade
+from retool_env.rewards import EpisodeStats, get_reward_fn
 from retool_env.rollout import Generator, SamplingParams, run_episodes
-from retool_env.trajectory import ToolStatus, Trajectory
+from retool_env.sandbox import Sandbox
+from retool_env.trajectory import ToolCallRecord, ToolStats, ToolStatus, Trajectory
 
 T = TypeVar("T")
 
@@ -65,11 +72,19 @@ def index_problems(problems: Sequence[Problem]) -> dict[str, Problem]:
     return index
 
 
-def problems_to_dataset(problems: Sequence[Problem]) -> Any:
-    """A `datasets.Dataset` for GRPOTrainer: `prompt` is the raw question (ReToolRollout templates it), plus the answer."""
+def problems_to_dataset(problems: Sequence[Problem], *, prompt: str | None = None) -> Any:
+    """A `datasets.Dataset` for GRPOTrainer: `prompt` is the raw question (ReToolRollout templates it), plus the answer.
+
+    With `prompt` (a name in `retool_env.prompts.PROMPTS`), `prompt` holds that template's chat messages instead, as
+    TRL's own tool loop (`environment_factory`) needs: TRL applies the chat template and the tool schema itself.
+    """
     from datasets import Dataset
 
-    return Dataset.from_list([{"prompt": p.question, "answer": p.answer, "problem_id": p.id} for p in problems])
+    from retool_env.prompts import get_prompt
+
+    template = get_prompt(prompt) if prompt is not None else None
+    return Dataset.from_list([{"prompt": template.messages(p.question) if template else p.question,
+                               "answer": p.answer, "problem_id": p.id} for p in problems])
 
 
 def sampling_from_config(args: Any) -> SamplingParams:
@@ -359,3 +374,133 @@ def correctness(completions: list, correct: list[bool | None] | None = None, **k
 
 REWARD_FUNCS = (env_reward, correctness)
 REWARD_WEIGHTS = (1.0, 0.0)
+
+
+# ----------------------------------------------------------------------------------------- environment_factory
+class CodeInterpreterEnvironment:
+    """TRL's `environment_factory` environment: ReTool-Env's sandbox as a `code_interpreter` tool.
+
+    ```python
+    factory = functools.partial(CodeInterpreterEnvironment, tokenizer, max_tool_calls=4, reward="retool")
+    trainer = GRPOTrainer(
+        model=model, processing_class=tokenizer, args=GRPOConfig(..., reward_weights=[0.0]),
+        train_dataset=problems_to_dataset(problems, prompt="slime"),   # chat messages, plus `answer`
+        reward_funcs=[grade_final_answers],   # grades in each rollout's environment; weight 0: accuracy in the logs
+        environment_factory=factory,          # or {"name": factory, ...} with an `environment` column
+    )
+    ```
+
+    TRL makes one instance per rollout, calls `reset(**row)` with its dataset row (which carries `answer`), offers
+    `code_interpreter` as a tool (it parses `<tool_call>`, renders the tool turn with the chat template and masks its
+    tokens out of the loss), and adds `get_reward()` as a reward column of weight 1. A tool call runs as a step of
+    `ToolEnvironment` runs it: the same shared sandbox, `tool_timeout`, echo of a trailing expression, a sandbox
+    session per episode when `stateful`, output clipped to `max_observation_tokens` tokens (head and tail), and
+    calls past `max_tool_calls` refused. `get_reward()` applies the same reward scheme to the same grade and tool
+    counts, so a scripted episode earns what it earns in `ToolEnvironment`. The environment never sees the model's
+    text, so `grade_final_answers` (a reward function, which TRL runs before the environment's column) hands each
+    environment its rollout's final answer.
+
+    What this path cannot do that `ReToolRollout` (`rollout_func`) can: the paper's `retool` format (TRL parses only
+    the chat template's own tool calls); observation tokens exactly as the environment renders them (TRL renders the
+    tool turn its own way; the prompt, tool schema included, is the same); ending an episode at `max_tool_calls`
+    (TRL keeps generating, so the model is told to answer instead); a per-turn budget
+    (`max_turn_tokens`; the episode's budget is GRPOConfig's `max_completion_length`); episodes that never wait for
+    each other (TRL's tool rounds are lockstep). Picklable, as AsyncGRPOTrainer requires, when its arguments are.
+    TRL offers every public method as a tool, so the helpers are private.
+    """
+
+    def __init__(self, tokenizer: Any, **config: Any) -> None:
+        self.config = EnvConfig(**config)
+        if self.config.tool_format != "hermes":
+            raise ValueError(f"TRL's tool loop parses the chat template's own tool calls (hermes); the "
+                             f"{self.config.tool_format!r} format needs ReToolRollout (rollout_func)")
+        if self.config.max_turn_tokens is not None:
+            raise ValueError("TRL's tool loop has no per-turn budget; unset max_turn_tokens, or use ReToolRollout")
+        self.tokenizer = load_tokenizer(tokenizer)
+        self.reward_fn = get_reward_fn(self.config.reward, **self.config.reward_kwargs)
+        self.answer: str | None = None
+        self.tool_calls: list[ToolCallRecord] = []
+        self.grade: Grade | None = None  # the final answer's, from grade_final_answers
+        self.num_turns = 0
+        self._session: str | None = None
+
+    @property
+    def sandbox(self) -> Sandbox:
+        sandbox = self.config.sandbox
+        return shared_sandbox(sandbox) if isinstance(sandbox, str) else sandbox
+
+    def reset(self, **row: Any) -> None:
+        """A new episode for the dataset row, which must carry the gold `answer`; the prompt stays the row's."""
+        if "answer" not in row:
+            raise KeyError("CodeInterpreterEnvironment needs the gold answer in the dataset's `answer` column; build "
+                           "the dataset with problems_to_dataset(problems, prompt=...)")
+        self._end_session()
+        self.answer, self.tool_calls, self.grade, self.num_turns = str(row["answer"]), [], None, 0
+        self._session = f"trl-episode-{next(_trl_episodes)}" if self.config.stateful else None
+
+    def code_interpreter(self, code: str):  # no return annotation: TRL would add it to the tool's schema
+        code = strip_code_fences(code) if isinstance(code, str) else ""
+        if self._tool_stats().executed >= self.config.max_tool_calls:
+            text, status, duration = (f"Error: the budget of {self.config.max_tool_calls} tool calls is spent; "
+                                      f"give the final answer now."), ToolStatus.SKIPPED, 0.0
+        elif not code.strip():
+            text, status, duration = "Error: the code is empty.", ToolStatus.INVALID, 0.0
+        else:
+            result = run_sync(self.sandbox.run(code, timeout=self.config.tool_timeout, session=self._session))
+            text, status, duration = result.output or EMPTY_OUTPUT, result.status, result.duration
+        text = clip_tokens(text, self.tokenizer, self.config.max_observation_tokens)
+        self.tool_calls.append(ToolCallRecord(code, text, status, duration))
+        return text
+
+    # TRL builds the tool's schema from this docstring: make it the schema ToolEnvironment's prompts advertise.
+    code_interpreter.__doc__ = "{description}\n\nArgs:\n    code: {code}\n".format(
+        description=CODE_INTERPRETER_TOOL["function"]["description"],
+        code=CODE_INTERPRETER_TOOL["function"]["parameters"]["properties"]["code"]["description"])
+
+    def get_reward(self) -> float:
+        """The reward scheme's value for the graded final answer and the episode's tool calls."""
+        if self.grade is None:
+            raise RuntimeError("CodeInterpreterEnvironment has not seen the rollout's final answer: put "
+                               "grade_final_answers in GRPOTrainer's reward_funcs (weight 0); it hands the answer "
+                               "over. AsyncGRPOTrainer shows its reward functions no environment: there, use "
+                               "retool_adapters.trl_async.ReToolRolloutWorker")
+        return float(self.reward_fn(self.grade, self._episode_stats()))
+
+    def _tool_stats(self) -> ToolStats:
+        return ToolStats.of([call.status for call in self.tool_calls])
+
+    def _episode_stats(self) -> EpisodeStats:
+        tools = self._tool_stats()
+        return EpisodeStats(num_tool_calls=tools.executed, num_turns=self.num_turns,
+                            num_tool_errors=tools.failed + tools.invalid, num_tool_timeouts=tools.timeouts,
+                            truncated=tools.skipped > 0, finish_reason="max_tool_calls" if tools.skipped else "answer")
+
+    def _grade_final_answer(self, completion: str | list[dict]) -> Grade:
+        """Grade the model's last message: the only text ever graded, never the interpreter's output."""
+        if self.answer is None:
+            raise RuntimeError("reset() was never called on this environment")
+        messages = completion if isinstance(completion, list) else [{"role": "assistant", "content": completion}]
+        replies = [m for m in messages if m.get("role") == "assistant"]
+        text = replies[-1].get("content") if replies else None
+        self.num_turns = len(replies)
+        self.grade = grade(text if isinstance(text, str) else "", self.answer)
+        self._end_session()
+        return self.grade
+
+    def _end_session(self) -> None:
+        if self._session is not None:
+            session, self._session = self._session, None
+            run_sync(self.sandbox.close_session(session))
+
+
+_trl_episodes = itertools.count()
+
+
+def grade_final_answers(completions: list, environments: list | None = None, **kwargs: Any) -> list[float | None]:
+    """1.0 for a correct final answer, else 0.0, graded in each rollout's `CodeInterpreterEnvironment`, which keeps
+    the grade for its `get_reward()`. Give it weight 0: the environment's column is the reward."""
+    if environments is None:
+        raise ValueError("grade_final_answers grades in the rollouts' environments: pass GRPOTrainer an "
+                         "environment_factory that makes CodeInterpreterEnvironments")
+    return [float(env._grade_final_answer(completion).correct) if isinstance(env, CodeInterpreterEnvironment)
+            else None for completion, env in zip(completions, environments, strict=True)]

@@ -9,6 +9,11 @@ continue as soon as its own tool call returns.
     python bench/rollout.py [--episodes 256 --concurrency 64]   # driver vs lockstep
     python bench/rollout.py --hf --episodes 64 --concurrency 16  # the same with a real HF generator, tiny model
     python bench/rollout.py --soak 10000                         # memory, open files, processes over a long run
+    python bench/rollout.py --training                           # GRPO samples/s: async worker vs synchronous
+
+`--training` adds a simulated trainer step: the synchronous `rollout_func` path plays a batch, then trains; the
+asynchronous path (`ReToolRolloutWorker`, as AsyncGRPOTrainer drives it) generates while the trainer trains, bumping
+the policy version after each step and dropping samples more than `max_staleness` versions old.
 """
 
 from __future__ import annotations
@@ -162,6 +167,56 @@ def compare(episodes: int, concurrency: int, seed: int) -> dict:
     return results
 
 
+def compare_training(steps: int, groups_per_step: int, num_generations: int, step_s: float, max_staleness: int,
+                     seed: int) -> dict:
+    """Samples per second of GRPO training with a simulated generator and trainer step: synchronous (generate a
+    batch, then train on it, as GRPOTrainer with `rollout_func` does) against asynchronous (the ReTool worker keeps
+    generating while the trainer trains), over the same number of steps and samples."""
+    from retool_adapters.trl_async import ReToolRolloutWorker
+
+    tok = tiny_tokenizer()
+    problems = [Problem(f"What is 6 * 7? (#{i})", "42", id=str(i)) for i in range(steps * groups_per_step)]
+    batch = groups_per_step * num_generations
+    sandbox = LocalSandbox(max_concurrency=2 * batch)
+    env_kwargs = {"sandbox": sandbox, "tool_timeout": 5.0, "max_completion_tokens": 8192}
+    results: dict = {}
+
+    start = time.perf_counter()
+    for step in range(steps):
+        group = problems[step * groups_per_step:(step + 1) * groups_per_step]
+        asyncio.run(run_episodes(group, lambda: ToolEnvironment(tok, problems[:1], **env_kwargs),
+                                 SimulatedGenerator(tok, seed=seed + step), n_per_problem=num_generations,
+                                 concurrency=batch, progress=False))
+        time.sleep(step_s)  # the trainer's step, generation idle
+    elapsed = time.perf_counter() - start
+    results["synchronous"] = {"seconds": round(elapsed, 2), "samples_per_s": round(steps * batch / elapsed, 2)}
+
+    worker = ReToolRolloutWorker(problems, tok, SimulatedGenerator(tok, seed=seed), num_generations=num_generations,
+                                 max_inflight_groups=groups_per_step, max_staleness=max_staleness, seed=seed,
+                                 queue_maxsize=batch,  # back-pressure: a step's worth of samples waits, no more
+                                 **env_kwargs)
+    start, dropped, staleness = time.perf_counter(), 0, []
+    worker.start()
+    for step in range(steps):
+        taken = 0
+        while taken < batch:
+            sample = worker.rollout_buffer.get(timeout=120)
+            if step - sample.model_version > max_staleness:  # the trainer's own filter
+                dropped += 1
+                continue
+            staleness.append(step - sample.model_version)
+            taken += 1
+        time.sleep(step_s)  # the trainer's step, generation running on
+        worker.update_model_version(step + 1)  # after the weight sync
+    elapsed = time.perf_counter() - start
+    worker.stop()
+    sandbox.close()
+    results["asynchronous"] = {"seconds": round(elapsed, 2), "samples_per_s": round(steps * batch / elapsed, 2),
+                               "dropped_stale": dropped, "mean_staleness": round(sum(staleness) / len(staleness), 2)}
+    results["speedup"] = round(results["asynchronous"]["samples_per_s"] / results["synchronous"]["samples_per_s"], 2)
+    return results
+
+
 def soak(episodes: int, concurrency: int) -> dict:
     tok = tiny_tokenizer()
     problems = [Problem(f"What is 6 * 7? (#{i})", "42", id=str(i)) for i in range(episodes)]
@@ -188,12 +243,22 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--soak", type=int, default=0, help="run this many episodes and sample resources")
     parser.add_argument("--hf", action="store_true", help="a real Hugging Face generator on a tiny model")
+    parser.add_argument("--training", action="store_true", help="samples/s of async vs synchronous GRPO training")
+    parser.add_argument("--steps", type=int, default=8, help="--training: trainer steps")
+    parser.add_argument("--step-seconds", type=float, default=1.0, help="--training: simulated trainer step")
     parser.add_argument("--out", default="bench/results/rollout.json")
     args = parser.parse_args()
     meta = {"machine": platform.platform(), "cpus": os.cpu_count(), "args": vars(args)}
     if args.soak:
         result = soak(args.soak, args.concurrency)
         args.out = args.out.replace(".json", "_soak.json")
+    elif args.training:
+        result = compare_training(args.steps, groups_per_step=8, num_generations=4, step_s=args.step_seconds,
+                                  max_staleness=2, seed=args.seed)
+        args.out = args.out.replace(".json", "_training.json")
+        for name in ("synchronous", "asynchronous"):
+            print(f"{name:<13} {result[name]['seconds']:>8.2f} s  {result[name]['samples_per_s']:>7.2f} samples/s")
+        print(f"speedup: {result['speedup']}x")
     else:
         if args.hf:
             result = compare_hf(args.episodes, args.concurrency)

@@ -41,6 +41,7 @@ class Generation:
     token_ids: list[int]
     logprobs: list[float] | None
     finish_reason: str  # "stop" (EOS, stop token or stop string), "length" (max_tokens), or "abort"
+    policy_version: int | None = None  # the weights that wrote the tokens, where the backend knows (async training)
 
     def __post_init__(self) -> None:
         if self.logprobs is not None and len(self.logprobs) != len(self.token_ids):
@@ -73,11 +74,14 @@ async def run_episode(
     problem: Problem | None = None,
     sampling: SamplingParams = SamplingParams(),
     require_logprobs: bool = False,
+    partial_rollout: bool = True,
 ) -> Trajectory:
     """Play one episode: generate a turn, step the environment, repeat until it ends.
 
     The next prompt is always `prompt_ids + completion_ids` of the trajectory, the exact tokens the model produced
-    and the environment appended: nothing is decoded and re-tokenized between turns.
+    and the environment appended: nothing is decoded and re-tokenized between turns. Each turn keeps the generator's
+    `policy_version`; an episode that a weight update crosses is finished on the new policy (`partial_rollout`), or
+    aborted, so that it is dropped.
     """
     env = getattr(env, "unwrapped", env)
     _, info = env.reset(options={"problem": problem} if problem is not None else None)
@@ -94,9 +98,15 @@ async def run_episode(
             raise EpisodeAborted("the generator aborted the request")
         if require_logprobs and generation.logprobs is None:
             raise EpisodeAborted("the generator returned no logprobs")
+        versions = {turn.policy_version for turn in traj.turns} | {generation.policy_version}
+        if not partial_rollout and len(versions - {None}) > 1:
+            raise EpisodeAborted(f"the policy changed mid-episode (versions {sorted(versions - {None})}) and "
+                                 f"partial_rollout is off")
         action = {"token_ids": generation.token_ids, "logprobs": generation.logprobs,
                   "finish_reason": generation.finish_reason}
+        turn = len(traj.turns)
         _, _, terminated, truncated, info = await env.astep(action)
+        traj.turns[turn].policy_version = generation.policy_version
         if getattr(env, "stateful", False) and any(r["status"] == "sandbox_error" for r in info["tool_results"]):
             # The executor failed mid-episode: the session's variables may be gone, so later cells would run on a
             # state the model never built. Such an episode is not honest training data.
@@ -153,6 +163,7 @@ async def run_episodes(
     sampling: SamplingParams = SamplingParams(),
     episode_timeout: float | None = None,
     require_logprobs: bool = False,
+    partial_rollout: bool = True,
     progress: bool = True,
 ) -> list[Trajectory]:
     """Run `n_per_problem` episodes of every problem, `concurrency` at a time, without batch lockstep.
@@ -179,7 +190,7 @@ async def run_episodes(
                                     dataclasses.replace(sampling, seed=sampling.seed + index))
                 try:
                     episode = run_episode(env, generator, problem=problem, sampling=episode_sampling,
-                                          require_logprobs=require_logprobs)
+                                          require_logprobs=require_logprobs, partial_rollout=partial_rollout)
                     traj = await asyncio.wait_for(episode, episode_timeout)
                     results[index] = traj
                     stats["correct"] += bool(traj.correct)

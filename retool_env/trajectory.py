@@ -97,6 +97,7 @@ class Turn:
     env_end: int
     num_tool_calls: int = 0  # calls the model wrote this turn, invalid ones included (ToolStats.calls)
     sample: int = 0  # the sample whose completion holds the turn (`Trajectory.samples`)
+    policy_version: int | None = None  # the weights that wrote the turn (asynchronous training), where known
 
 
 @dataclass
@@ -207,6 +208,11 @@ class Trajectory:
     @property
     def num_turns(self) -> int:
         return len(self.turns)
+
+    @property
+    def policy_versions(self) -> list[int | None]:
+        """The policy version of each model turn: several in an episode that a weight update crossed."""
+        return [turn.policy_version for turn in self.turns]
 
     @property
     def num_model_tokens(self) -> int:

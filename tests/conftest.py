@@ -21,3 +21,14 @@ def qwen_tok():
 def any_tok(request):
     """Both tokenizers: every environment test runs with the tiny one and with Qwen's real one."""
     return tiny_tokenizer() if request.param == "tiny" else qwen_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Two busy cores: one intra-op thread avoids oversubscription that makes tiny-model generation 10x slower."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -50,13 +50,7 @@ TINY_CONFIG = CONFIGS / "grpo_tiny_cpu.yaml"
 TEMPERATURE = 0.7
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Two busy cores: one intra-op thread avoids oversubscription that makes tiny-model generation 10x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,14 @@ Hugging Face `generate` on the policy.
     accelerate launch --config_file training/configs/accelerate/zero3.yaml \
         training/grpo_trl.py --config training/configs/grpo_qwen3_4b_dapo_colocate.yaml
 
+    # Asynchronous GRPO (TRL's AsyncGRPOTrainer): episodes generated against a vLLM server while the GPUs train
+    accelerate launch --config_file training/configs/accelerate/zero3.yaml --num_processes 4 \
+        training/grpo_trl.py --async --config training/configs/async_grpo_qwen3_4b_dapo.yaml
+
 Arguments come from three dataclasses, read from a YAML file (`--config`, default: the CPU smoke config) and the
 command line, which wins: `EnvArguments` below (`retool_env.EnvConfig` plus the data), TRL's `GRPOConfig` and TRL's
 `ModelConfig` (LoRA with `--use_peft`). `--help` lists the common ones, `--help-all` every one.
+With `--async`, `AsyncGRPOConfig` replaces `GRPOConfig` and LoRA is left out.
 """
 
 from __future__ import annotations
@@ -110,17 +115,70 @@ def main(env_args: EnvArguments, training_args, model_args) -> None:
     trainer.end()
 
 
-def make_parser():
+def main_async(env_args: EnvArguments, training_args, model_args) -> None:
+    """GRPO with generation decoupled from training: `ReToolRolloutWorker` plays episodes against the vLLM server
+    the trainer pushes its weights to, tagging every turn with the policy version that wrote it; the trainer drops
+    samples more than `max_staleness` versions old. Needs CUDA (AsyncGRPOTrainer's packed attention is FlashAttention-3)."""
+    from transformers import AutoTokenizer
+    from trl.experimental.async_grpo import AsyncGRPOTrainer
+
+    from retool_adapters.generators import OpenAICompletionsGenerator
+    from retool_adapters.trl import problems_to_dataset, sampling_from_config
+    from retool_adapters.trl_async import ReToolRolloutWorker
+    from retool_env.data import load_problems
+
+    if not model_args.model_name_or_path:
+        raise ValueError("--async needs --model_name_or_path: the model the vLLM server at vllm_server_base_url serves")
+    tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision)
+    problems = load_problems(env_args.dataset, split=env_args.dataset_split, limit=env_args.dataset_limit)
+    env_config = EnvConfig.from_settings(
+        env_args, max_completion_tokens=env_args.max_completion_tokens or training_args.max_completion_length)
+    worker = ReToolRolloutWorker(
+        problems, tokenizer, OpenAICompletionsGenerator(training_args.vllm_server_base_url, model_args.model_name_or_path),
+        num_generations=training_args.num_generations, sampling=sampling_from_config(training_args),
+        max_inflight_groups=max(1, env_args.concurrency // training_args.num_generations),
+        max_staleness=training_args.max_staleness, episode_timeout=env_args.episode_timeout,
+        queue_maxsize=training_args.queue_maxsize, seed=training_args.seed, **env_config)
+    trainer = AsyncGRPOTrainer(model=model_args.model_name_or_path, args=training_args,
+                               train_dataset=problems_to_dataset(problems), processing_class=tokenizer,
+                               rollout_worker=worker)  # the environment's reward, normalised per group, is the reward
+    try:
+        trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    finally:
+        worker.stop()
+    trainer.save_model(training_args.output_dir)
+    trainer.save_state()
+
+
+@dataclass
+class AsyncModelArguments:
+    """The policy of `--async`, in place of TRL's ModelConfig: AsyncGRPOConfig carries `dtype` and
+    `trust_remote_code` itself, and LoRA is left out (vLLM would have to serve each adapter version by name)."""
+
+    model_name_or_path: str = field(default="", metadata={"help": "The policy, as the vLLM server serves it."})
+    model_revision: str = field(default="main", metadata={"help": "Revision of the policy (a branch, tag or commit)."})
+
+
+def make_parser(asynchronous: bool = False):
     from trl import GRPOConfig, ModelConfig
 
     from retool_adapters.scripts import ScriptParser
 
-    return ScriptParser((EnvArguments, GRPOConfig, ModelConfig), own=(EnvArguments,), default_config=TINY_CPU_CONFIG,
-                        prog="grpo_trl.py", description="GRPO with a Python interpreter in the loop: TRL's "
-                        "GRPOTrainer, every episode played by ReTool-Env. Without --config: the offline CPU smoke run.")
+    if asynchronous:
+        from trl.experimental.async_grpo import AsyncGRPOConfig
+
+        types: tuple[type, ...] = (EnvArguments, AsyncGRPOConfig, AsyncModelArguments)
+    else:
+        types = (EnvArguments, GRPOConfig, ModelConfig)
+    return ScriptParser(types, own=(EnvArguments,), default_config=TINY_CPU_CONFIG, prog="grpo_trl.py",
+                        description="GRPO with a Python interpreter in the loop: TRL's GRPOTrainer (AsyncGRPOTrainer "
+                        "with --async), every episode played by ReTool-Env. Without --config: the offline CPU smoke run.")
 
 
 if __name__ == "__main__":
+    import sys
+
     from retool_adapters.scripts import run
 
-    run(main, make_parser())
+    asynchronous = "--async" in sys.argv  # chosen before parsing: the two trainers have their own config classes
+    run(main_async if asynchronous else main, make_parser(asynchronous), [a for a in sys.argv[1:] if a != "--async"])

@@ -1,0 +1,238 @@
+"""TRL's asynchronous GRPO: ReTool-Env episodes as `AsyncGRPOTrainer`'s `rollout_worker`.
+
+```python
+from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+from retool_adapters.generators import OpenAICompletionsGenerator
+from retool_adapters.trl_async import ReToolRolloutWorker
+
+worker = ReToolRolloutWorker(problems, tokenizer, OpenAICompletionsGenerator(args.vllm_server_base_url, model_name),
+                             num_generations=args.num_generations, max_staleness=args.max_staleness,
+                             max_completion_tokens=args.max_completion_length, max_tool_calls=4)
+trainer = AsyncGRPOTrainer(model=model_name, args=args, train_dataset=problems_to_dataset(problems),
+                           reward_funcs=[], rollout_worker=worker)   # the environment's reward is the reward
+```
+
+Generation runs apart from training: the worker plays groups of `num_generations` episodes of one problem without
+pause, against the vLLM server the trainer pushes its weights to, and queues each finished group as `RolloutSample`s
+(the whole episode as `input_ids`, the environment's mask as `completion_mask`, the generator's own logprobs as
+`old_log_probs`, the group-normalised reward as `advantage`). Every turn records the policy version it was generated
+with; an episode that a weight update crosses is finished on the new policy and tagged with its oldest version, so
+the trainer's `max_staleness` measures its stalest tokens (`partial_rollout=False` drops it instead).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from retool_adapters.trl import episode_metrics, index_problems
+from retool_env.config import EnvConfig
+from retool_env.data import Problem
+from retool_env.env import ToolEnvironment
+from retool_env.rollout import Generation, Generator, SamplingParams, run_episodes
+from retool_env.trajectory import Trajectory
+
+
+class VersionedGenerator:
+    """A generator whose generations carry the policy version that was live when each request started."""
+
+    def __init__(self, generator: Generator, policy_version: Callable[[], int]) -> None:
+        self.generator, self.policy_version = generator, policy_version
+
+    async def generate(self, prompt_ids: Sequence[int], **kwargs: Any) -> Generation:
+        version = self.policy_version()  # a weight update during the request leaves the turn tagged older: stalest
+        generation = await self.generator.generate(prompt_ids, **kwargs)
+        return dataclasses.replace(generation, policy_version=version)
+
+
+def group_advantages(rewards: Sequence[float | None]) -> np.ndarray:
+    """GRPO's advantages as AsyncGRPOTrainer's own worker computes them: `(r - mean) / (std + 1e-8)` over the
+    group's scored episodes; an unscored (failed) episode gets 0."""
+    scores = np.array([np.nan if r is None else r for r in rewards], dtype=float)
+    scored = ~np.isnan(scores)
+    advantages = np.zeros_like(scores)
+    if scored.any():
+        advantages[scored] = (scores[scored] - scores[scored].mean()) / (scores[scored].std() + 1e-8)
+    return advantages
+
+
+class ReToolRolloutWorker:
+    """AsyncGRPOTrainer's `rollout_worker` (TRL's `RolloutWorkerProtocol`) over `retool_env.rollout.run_episodes`.
+
+    A thread of the trainer's main process runs an event loop with `max_inflight_groups` groups in flight, drawing
+    problems in a shuffled cycle; episodes continue as soon as their own tool calls return. `env_kwargs` are
+    `EnvConfig`'s fields. `generator` is any `Generator` (an OpenAI-compatible client of the vLLM server the trainer
+    syncs, for the real run). Samples whose tokens are more than `max_staleness` versions old when their group ends
+    are dropped here (`retool/dropped_stale_samples_total`) as the trainer would drop them on arrival. Failed
+    episodes (generator error, `episode_timeout`, a crossed update without `partial_rollout`) are never queued.
+    """
+
+    def __init__(
+        self,
+        problems: Sequence[Problem],
+        tokenizer: Any,
+        generator: Generator,
+        *,
+        num_generations: int = 8,
+        sampling: SamplingParams | None = None,
+        max_inflight_groups: int = 4,
+        max_staleness: int | None = None,
+        partial_rollout: bool = True,
+        episode_timeout: float | None = None,
+        queue_maxsize: int = 0,
+        seed: int = 0,
+        **env_kwargs: Any,
+    ) -> None:
+        if not problems:
+            raise ValueError("ReToolRolloutWorker needs problems to play")
+        index_problems(problems)  # the same question with two answers is an error here too
+        self.problems = list(problems)
+        self.tokenizer = tokenizer
+        self.generator = VersionedGenerator(generator, lambda: self.model_version)
+        self.num_generations = num_generations
+        self.sampling = sampling or SamplingParams()
+        self.max_inflight_groups = max_inflight_groups
+        self.max_staleness = max_staleness
+        self.partial_rollout = partial_rollout
+        self.episode_timeout = episode_timeout
+        self.env_config = EnvConfig(**env_kwargs)
+        self.seed = seed
+        self.rollout_buffer: queue.Queue = queue.Queue(maxsize=queue_maxsize)
+        self.metrics_queue: queue.Queue = queue.Queue()
+        self.model_version = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._heartbeat = time.time()
+        self._last_failure = "none"
+
+    # --------------------------------------------------------------------------------------- RolloutWorkerProtocol
+    def start(self) -> None:
+        """Begin producing rollouts (the trainer calls it once, after the first weight sync)."""
+        if self._thread is not None:
+            return
+        self._heartbeat = time.time()
+        self._thread = threading.Thread(target=self._run, name="retool-rollout-worker", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop after the groups in flight are cancelled."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+            self._thread = None
+
+    def update_model_version(self, model_version: int) -> None:
+        """The trainer has pushed new weights: turns generated from now on carry this version."""
+        self.model_version = model_version
+
+    def check_health(self, stale_after_s: float) -> None:
+        """Raise if the worker failed, or queued no sample for `stale_after_s` seconds (a generator that fails every
+        episode, say)."""
+        if self._error is not None:
+            raise RuntimeError("the ReTool rollout worker failed; see the chained exception") from self._error
+        if self._thread is not None and not self._thread.is_alive() and not self._stop.is_set():
+            raise RuntimeError("the ReTool rollout worker stopped without an error")
+        age = time.time() - self._heartbeat
+        if age > stale_after_s:
+            raise RuntimeError(f"the ReTool rollout worker finished no group in {age:.0f} s (> {stale_after_s:.0f} s); "
+                               f"the last failed episode: {self._last_failure}")
+
+    # ------------------------------------------------------------------------------------------------ the loop
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._generate_forever())
+        except BaseException as error:  # reported through check_health, which the trainer polls
+            self._error = error
+
+    async def _generate_forever(self) -> None:
+        problems = self._problem_cycle()
+        group_ids = itertools.count()
+        inflight: set[asyncio.Task] = set()
+        try:
+            while not self._stop.is_set():
+                while len(inflight) < self.max_inflight_groups:
+                    inflight.add(asyncio.create_task(self._play_group(next(problems), next(group_ids))))
+                done, inflight = await asyncio.wait(inflight, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    task.result()  # a bug in the worker itself stops it; an episode's failure never does
+        finally:
+            for task in inflight:
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(*inflight, return_exceptions=True)
+
+    def _problem_cycle(self):
+        rng = random.Random(self.seed)
+        while True:
+            order = list(self.problems)
+            rng.shuffle(order)
+            yield from order
+
+    async def _play_group(self, problem: Problem, group_id: int) -> None:
+        trajectories = await run_episodes(
+            [problem], self._make_env, self.generator, n_per_problem=self.num_generations,
+            concurrency=self.num_generations, sampling=self.sampling, episode_timeout=self.episode_timeout,
+            require_logprobs=True, partial_rollout=self.partial_rollout, progress=False,
+        )
+        samples = self.to_samples(trajectories, group_id)
+        fresh = [s for s in samples if self.max_staleness is None
+                 or self.model_version - s.model_version <= self.max_staleness]
+        self._push_metrics(trajectories, dropped_stale=len(samples) - len(fresh))  # first: a reader of a sample has them
+        for sample in fresh:
+            sample.enqueued_at = time.time()
+            await asyncio.to_thread(self.rollout_buffer.put, sample)  # blocks while a bounded queue is full
+        if samples:
+            self._heartbeat = time.time()
+        else:  # every episode failed: check_health says why once no group has succeeded for too long
+            self._last_failure = trajectories[0].finish_reason if trajectories else "no episode ran"
+
+    def _make_env(self) -> ToolEnvironment:
+        return ToolEnvironment(self.tokenizer, self.problems, **self.env_config)
+
+    # ----------------------------------------------------------------------------------------- samples, metrics
+    def to_samples(self, trajectories: Sequence[Trajectory], group_id: int) -> list[Any]:
+        """The group's episodes as TRL `RolloutSample`s, failed episodes left out (their advantage would be 0)."""
+        from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+
+        failed = [t.aborted or not t.completion_ids for t in trajectories]
+        rewards = [None if bad else t.reward for t, bad in zip(trajectories, failed, strict=True)]
+        advantages = group_advantages(rewards)
+        scored = [r for r in rewards if r is not None]
+        reward_std = float(np.std(scored)) if scored else float("nan")
+        samples = []
+        for traj, bad, advantage in zip(trajectories, failed, advantages, strict=True):
+            if bad:
+                continue
+            versions = [v for v in traj.policy_versions if v is not None]
+            prompt = len(traj.prompt_ids)
+            samples.append(RolloutSample(
+                prompt=[], completion=[],
+                input_ids=np.asarray(traj.prompt_ids + traj.completion_ids, dtype=np.int64),
+                completion_mask=np.asarray([0] * prompt + traj.env_mask, dtype=np.int64),
+                old_log_probs=np.asarray([0.0] * prompt + traj.logprobs, dtype=np.float32),
+                advantage=float(advantage),
+                model_version=min(versions, default=self.model_version),  # its stalest tokens
+                group_id=group_id,
+                metrics={"reward": float(traj.reward), "reward_std": reward_std,
+                         "rewards/env_reward": float(traj.reward), "rewards/correctness": float(bool(traj.correct)),
+                         "retool/policy_versions_per_episode": float(len(set(versions)))},
+            ))
+        return samples
+
+    def _push_metrics(self, trajectories: Sequence[Trajectory], dropped_stale: int) -> None:
+        """`retool/*` as the synchronous path logs them, as (sum, count) rates the trainer pools over its window."""
+        metrics: dict[str, Any] = {name: (sum(values), len(values))
+                                   for name, values in episode_metrics(trajectories).items()}
+        metrics["retool/dropped_stale_samples_total"] = float(dropped_stale)
+        self.metrics_queue.put(metrics)
