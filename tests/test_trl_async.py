@@ -234,6 +234,6 @@ def test_the_async_recipe_parses_and_the_script_takes_async():
     assert type(training_args).__name__ == "AsyncGRPOConfig" and training_args.max_staleness == 2
     assert training_args.dtype == "bfloat16" and training_args.num_generations == 8 and env_args.dataset == "dapo"
     assert model_args.model_name_or_path == "Qwen/Qwen3-4B-Instruct-2507"
-    result = subprocess.run([sys.executable, str(root / "training" / "grpo_trl.py"), "--async", "--help"],
+    result = subprocess.run([sys.executable, str(root / "training" / "grpo_trl.py"), "--async", "--help-all"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "--max_staleness" in result.stdout and "--max_tool_calls" in result.stdout
