@@ -346,6 +346,8 @@ def test_unclosed_sandbox_leaves_nothing_when_the_trainer_exits():
         from retool_env.sandbox import LocalSandbox
         wrapped, bare = LocalSandbox(prefork=1), LocalSandbox(prefork=1, isolation="none")
         assert wrapped.run_sync("print(1)").ok and bare.run_sync("print(1)").ok
+        for sandbox in (wrapped, bare):  # a session whose head took over, stopped between calls
+            sandbox.run_sync("a = 1", session="s"), sandbox.run_sync("b = 2", session="s")
         cgroup = wrapped._process.cgroup.parents[0] if wrapped._process.cgroup else "/nonexistent"
         print(wrapped.server_pid, bare.server_pid, cgroup, "torch" in sys.modules, flush=True)
         import os; os._exit(0)  # no close(), no atexit: as if the trainer crashed
@@ -359,6 +361,11 @@ def test_unclosed_sandbox_leaves_nothing_when_the_trainer_exits():
     while time.time() < deadline and any(os.path.exists(p) for p in leftovers):
         time.sleep(0.1)
     assert not any(os.path.exists(p) for p in leftovers)
+    if os.path.isdir(cgroup):  # nothing left running in any of the crashed trainer's call groups
+        while time.time() < deadline and any(Path(slot, "cgroup.procs").read_text().strip()
+                                             for slot in Path(cgroup).iterdir() if slot.is_dir()):
+            time.sleep(0.1)
+        assert not any(Path(slot, "cgroup.procs").read_text().strip() for slot in Path(cgroup).iterdir() if slot.is_dir())
     # A crashed trainer's empty parent cgroup is removed by the next sandbox that starts.
     with LocalSandbox(prefork=0) as sb:
         sb.start()

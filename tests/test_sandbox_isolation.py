@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from retool_env.sandbox import LocalSandbox, isolation, probes
+from retool_env.sandbox import LocalSandbox, isolation, probes, zygote
 from retool_env.sandbox.isolation import python_paths
 
 pytestmark = pytest.mark.timeout(180)
@@ -252,9 +252,27 @@ print('returned')
     asyncio.run(sandbox.close_session("fork-bomb"))
 
 
+def _sandbox_processes() -> list[int]:
+    """Processes running as one of the sandbox's per-call uids, anywhere on the host."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/status") as f:
+                uid = int(next(line for line in f if line.startswith("Uid:")).split()[1])
+        except (OSError, StopIteration, ValueError):
+            continue
+        if uid >= zygote.UID_BASE - 1:
+            found.append(int(entry))
+    return found
+
+
 def test_close_leaves_no_process():
+    before = set(_sandbox_processes())
     sb = LocalSandbox(timeout=3, prefork=1)
     sb.run_sync("import os\nif os.fork() == 0:\n    while True: pass", session="s")
+    for i in range(4):  # sessions whose heads took over and were stopped between calls
+        sb.run_sync("a = 1", session=f"t{i}")
+        sb.run_sync("b = 2", session=f"t{i}")
     server = sb.server_pid
     assert tree(server)
     sb.close()
@@ -262,6 +280,8 @@ def test_close_leaves_no_process():
     while time.time() < deadline and (tree(server) or os.path.exists(f"/proc/{server}")):
         time.sleep(0.1)
     assert not tree(server) and not os.path.exists(f"/proc/{server}")
+    if ROOT:
+        assert set(_sandbox_processes()) <= before
 
 
 def test_tmp_and_shm_are_private_and_bounded(sandbox):

@@ -2,7 +2,8 @@
 
 The trainer side (`Delegation.create`, as root) makes one parent group per sandbox server in each controller,
 cgroup v1 (memory, pids, cpu) or v2 (one directory with those controllers enabled below it), and binds them into
-the server's namespace; the server makes one child group per call or session under it and removes it afterwards.
+the server's namespace; the server makes one group per slot under it (a slot holds one live call or session at a
+time, and is reused once nothing of its last call is left), and the trainer removes them all when the server stops.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import signal
 import time
 from dataclasses import dataclass
 
@@ -107,8 +109,20 @@ class Delegation:
     def group(self, name: str) -> CallGroup:
         return CallGroup(self.version, tuple(os.path.join(p, name) for p in self.parents))
 
+    def kill_all(self) -> None:
+        """SIGKILL every process still in a call group (the last word, should the server die without cleaning up)."""
+        for parent in self.parents:
+            with contextlib.suppress(OSError):
+                for entry in os.scandir(parent):
+                    if entry.is_dir(follow_symlinks=False):
+                        for pid in CallGroup(self.version, (entry.path,)).pids():
+                            with contextlib.suppress(OSError):
+                                os.kill(pid, signal.SIGKILL)
+
     def remove(self, wait: float = 2.0) -> None:
-        """Remove what is left of the call groups, then the parents; killed processes take a moment to leave."""
+        """Kill what is left in the call groups, remove them, then the parents; killed processes take a moment to
+        leave."""
+        self.kill_all()
         deadline = time.monotonic() + wait
         for parent in self.parents:
             while os.path.isdir(parent):
@@ -161,15 +175,15 @@ class CallGroup:
         except OSError:
             return []
 
-    def oom_killed(self) -> bool:
-        """Whether the kernel killed something here for memory."""
+    def oom_kills(self) -> int:
+        """How many processes the kernel has killed here for memory, ever."""
         name = "memory.events" if self.version == 2 else "memory.oom_control"
         with contextlib.suppress(OSError, ValueError), open(f"{self.dirs[0]}/{name}") as f:
             for line in f:
                 key, _, value = line.partition(" ")
                 if key == "oom_kill":
-                    return int(value) > 0
-        return False
+                    return int(value)
+        return 0
 
     def remove(self) -> bool:
         """Remove the group; False while processes are still leaving it."""

@@ -90,7 +90,8 @@ def _reap_strays(waitpid: Any) -> None:
 
 def session_head_main(command_fd: int, status_fd: int, buffer: cell.OutputBuffer, zygote: int,
                       **limits: Any) -> None:
-    """Hold an episode's state; report each cell on the status pipe: `C <pid>`, then `T` (took over) or `X <status>`."""
+    """Hold an episode's state; report each cell on the status pipe: `C <pid>`, then `T` (took over, and `R` from
+    the new head once it is the zygote's) or `X <status>`."""
     namespace = _fresh_namespace()
     # Once its head exits, a cell that took over leads an orphaned process group, which the kernel sends SIGHUP.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -111,6 +112,8 @@ def session_head_main(command_fd: int, status_fd: int, buffer: cell.OutputBuffer
                 os._exit(code)
             write(takeover_w, b"T")
             os.close(takeover_w)
+            _die_with(zygote)  # adopted by the zygote once the old head is gone: dies with it from now on
+            write(status_fd, b"R\n")  # ready: the server may stop this head until the session's next call
             continue  # this fork is the new head, with the cell's state
         os.close(takeover_w)
         with contextlib.suppress(OSError):

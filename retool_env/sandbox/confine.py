@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import resource
 import signal
@@ -37,6 +38,7 @@ class Layers:
     uid: int | None = None  # None: keep the server's uid (an unprivileged server cannot give each call its own)
     seccomp: bool = True
     cgroup: CallGroup | None = None
+    filters: tuple[bytes, bytes] | None = None  # seccomp templates (single-use, session) built before the fork
 
 
 @dataclass(frozen=True)
@@ -49,8 +51,18 @@ class Limits:
     processes: int
 
 
+@functools.cache
 def libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
+
+
+CHILD_ENVIRONMENT = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
+
+
+def set_child_environment() -> None:
+    """The whole environment a child sees (the zygote sets it once; children inherit it)."""
+    os.environ.clear()
+    os.environ.update(CHILD_ENVIRONMENT)
 
 
 def _check(result: int, what: str) -> None:
@@ -103,12 +115,16 @@ class _CapData(ctypes.Structure):
     _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
 
+@functools.cache
+def _last_capability() -> int:
+    with open("/proc/sys/kernel/cap_last_cap") as f:
+        return int(f.read())
+
+
 def _drop_bounding_and_ambient() -> None:
     """Empty the bounding and ambient sets (this needs CAP_SETPCAP, so it comes before giving up the others)."""
     lib = libc()
-    with open("/proc/sys/kernel/cap_last_cap") as f:
-        last = int(f.read())
-    for cap in range(last + 1):
+    for cap in range(_last_capability() + 1):
         _check(lib.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0), f"PR_CAPBSET_DROP {cap}")
     lib.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)  # EINVAL on kernels without ambient caps
 
@@ -155,8 +171,8 @@ def prepare(*, parent: int, keep: tuple[int, ...], layers: Layers, limits: Limit
         for source, path in rebinds:  # the Python install or this package, if they live under /tmp
             _bind_read_only(source, path)
         _drop_bounding_and_ambient()  # with the namespace's own CAP_SETPCAP
-    workdir = "/tmp" if layers.userns else os.getcwd()
-    os.chdir(workdir)
+    if layers.userns:
+        os.chdir("/tmp")
     limit_as = address_space() + limits.memory_mb * _MB
     resource.setrlimit(resource.RLIMIT_AS, (limit_as, limit_as))
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size_mb * _MB,) * 2)
@@ -164,14 +180,16 @@ def prepare(*, parent: int, keep: tuple[int, ...], layers: Layers, limits: Limit
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if layers.uid is not None:  # per uid: counts this call's threads and processes only
         resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
-    os.environ.clear()
-    os.environ.update({"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"})
+    if os.environ != CHILD_ENVIRONMENT:
+        set_child_environment()
     if privileged or layers.userns:
         _clear_capabilities()
     _check(lib.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE")
     _check(lib.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS")
     if layers.seccomp:
-        seccomp.install(seccomp.build_filter(os.getpid(), allow_fork=session))
+        single_use, head = layers.filters or (seccomp.build_template(allow_fork=False),
+                                              seccomp.build_template(allow_fork=True))
+        seccomp.install(seccomp.for_pid(head if session else single_use, os.getpid()))
 
 
 def processes_of_session(sid: int) -> list[int]:

@@ -151,6 +151,25 @@ def build_filter(self_pid: int, *, allow_fork: bool) -> bytes:
     return b"".join(prog)
 
 
+_PID_SENTINEL = 0x7EADBEEF  # stands for the child's pid in a filter built once, before the fork
+
+
+def build_template(*, allow_fork: bool) -> bytes:
+    """`build_filter` for a pid not yet known: built once (in the zygote), made concrete by `for_pid` in the child."""
+    return build_filter(_PID_SENTINEL, allow_fork=allow_fork)
+
+
+def for_pid(template: bytes, pid: int) -> bytes:
+    """The template with the sentinel replaced by `pid` (and its negation), instruction by instruction."""
+    swap = {_PID_SENTINEL: pid & 0xFFFFFFFF, -_PID_SENTINEL & 0xFFFFFFFF: -pid & 0xFFFFFFFF}
+    out = bytearray(template)
+    for offset in range(0, len(out), 8):
+        (k,) = struct.unpack_from("<I", out, offset + 4)
+        if k in swap:
+            struct.pack_into("<I", out, offset + 4, swap[k])
+    return bytes(out)
+
+
 class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 

@@ -429,8 +429,8 @@ class Server:
             if line == b"T\n" and self._is_cell(cell_pid, head):
                 exited = self.waiters[cell_pid] = asyncio.get_running_loop().create_future()  # the new head
                 session.head = Child(head.cid, cell_pid, head.code_fd, head.buffer, exited, sid=head.sid)
-                with contextlib.suppress(asyncio.TimeoutError):  # the old head leaves at once; then stop the new
-                    await asyncio.wait_for(asyncio.shield(head.exited), 1.0)
+                with contextlib.suppress(asyncio.TimeoutError):  # the new head is the zygote's and dies with it
+                    await asyncio.wait_for(session.status.readline(), 2.0)
                 self._pause(session)
                 return self._result(session.head, (0, 0.0, False), request, duration, False)
             if line.startswith(b"X "):
@@ -508,7 +508,12 @@ class Server:
             self._discard(child)
         for session in self.sessions.values():
             self._close(session)
-        self.zygote.close()  # the zygote then kills what is left and exits
+        self.zygote.close()  # the zygote then kills what is left and exits: wait for it
+        with contextlib.suppress(OSError):
+            for _ in range(300):
+                if os.waitpid(self.zygote_pid, os.WNOHANG)[0]:
+                    break
+                time.sleep(0.01)
 
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()

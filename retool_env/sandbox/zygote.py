@@ -2,10 +2,10 @@
 
 Model code must never find another call's code or output in its own memory. Every child is a copy of the process
 that forked it, so that process must never have held any: the server receives code and reads output, the zygote
-only forks. It gives each child its own uid (from a pool, when root), its own cgroup, its own session, and the
+only forks. It gives each child its own uid (from a pool, when root), its own cgroup (one per slot), its own session, and the
 descriptors the server passed for it (code pipe, output memfd, status pipe), which it closes right after the fork.
 It reaps every child (it is their sub-reaper) and reports each exit; on `release` it kills whatever a call left
-running, removes its cgroup and frees its uid.
+running, and frees its uid and cgroup for the next call once nothing of it is left.
 
 Messages (see protocol.py): server -> zygote `fork` (cid, session) with descriptors, `release` (cid);
 zygote -> server `layers` (once, at start), `forked` (cid, pid), `exit` (pid, status, cpu, oom).
@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from . import cell, child, confine
+from . import cell, child, confine, seccomp
 from .cgroups import CallGroup, Delegation
 from .protocol import recv_message, send_message
 
@@ -55,6 +55,8 @@ class _Record:
     pid: int
     uid: int | None
     group: CallGroup | None
+    single_use: bool
+    reaped: bool = False
 
 
 class Zygote:
@@ -66,24 +68,36 @@ class Zygote:
         self.free_uids: list[int] = []
         self.next_uid = UID_BASE
         self.records: dict[int, _Record] = {}
-        self.by_pid: dict[int, int] = {}
-        self.lingering: list[tuple[int, _Record]] = []  # released, but processes or the cgroup were still there
+        self.by_pid: dict[int, _Record] = {}  # until reaped
+        self.lingering: list[tuple[int, _Record]] = []  # released, but processes were still there
+        self.free_groups: list[CallGroup] = []
+        self.groups_made = 0
+        self.oom_kills: dict[CallGroup, int] = {}  # per group, as last seen: a new kill belongs to its live call
         self.limits = confine.Limits(
             memory_mb=config.memory_mb, file_size_mb=config.file_size_mb, open_files=config.open_files,
             tmp_mb=config.tmp_mb, shm_mb=config.shm_mb, processes=config.processes,
         )  # fmt: skip
-        self.layers = confine.Layers(userns=config.use_userns, uid=None, seccomp=config.use_seccomp)
+        filters = (seccomp.build_template(allow_fork=False), seccomp.build_template(allow_fork=True))
+        self.layers = confine.Layers(userns=config.use_userns, uid=None, seccomp=config.use_seccomp, filters=filters)
         self.missing: dict[str, str] = {}
 
     # -- children ------------------------------------------------------------------------------------------------
 
-    def _group(self, name: str) -> CallGroup | None:
-        if self.delegation is None:
-            return None
+    def _new_group(self, name: str) -> CallGroup:
+        assert self.delegation is not None
         group = self.delegation.group(name)
         cfg = self.config
         group.create(memory_mb=cfg.memory_mb + cfg.tmp_mb + cfg.shm_mb + 64, pids=cfg.processes, cpus=1.0)
         return group
+
+    def _take_group(self) -> CallGroup | None:
+        """A slot's cgroup: one at a time per live call or session, reused once empty (cheaper than mkdir/rmdir)."""
+        if self.delegation is None:
+            return None
+        if self.free_groups:
+            return self.free_groups.pop()
+        self.groups_made += 1
+        return self._new_group(f"slot{self.groups_made}")
 
     def _spawn(self, layers: confine.Layers, fds: list[int], session: bool, main: Any,
                report_fd: int | None = None) -> int:
@@ -115,7 +129,7 @@ class Zygote:
     def fork(self, cid: int, session: bool, fds: list[int]) -> None:
         uid = self._take_uid() if self.layers.uid is not None else None
         try:
-            group = self._group(f"c{cid}")
+            group = self._take_group()
         except OSError as exc:  # no child without its cgroup: the server answers this call with a sandbox error
             for fd in fds:
                 os.close(fd)
@@ -138,8 +152,7 @@ class Zygote:
         pid = self._spawn(layers, fds, session, main)
         for fd in fds:
             os.close(fd)
-        self.records[cid] = _Record(pid, uid, group)
-        self.by_pid[pid] = cid
+        self.records[cid] = self.by_pid[pid] = _Record(pid, uid, group, single_use=not session)
         send_message(self.sock, {"op": "forked", "cid": cid, "pid": pid})
 
     def release(self, cid: int) -> None:
@@ -167,12 +180,17 @@ class Zygote:
         """Kill what released calls left running; free their cgroup and uid once nothing of them remains."""
         still = []
         for cid, record in self.lingering:
-            left = confine.kill_session(record.pid)  # every child leads the session it started
-            if left or (record.group is not None and not record.group.remove()):
+            # A single-use child cannot fork under seccomp: once reaped, nothing of it is left. Anything else: kill
+            # whatever is in the session it leads.
+            cannot_fork = record.single_use and self.layers.seccomp
+            left = not record.reaped if cannot_fork else confine.kill_session(record.pid)
+            if left or (record.group is not None and record.group.pids()):
                 still.append((cid, record))
                 continue
             if record.uid is not None:
                 self.free_uids.append(record.uid)
+            if record.group is not None:
+                self.free_groups.append(record.group)
         self.lingering = still
 
     def reap(self) -> None:
@@ -183,13 +201,20 @@ class Zygote:
                 break
             if pid == 0:
                 break
-            cid = self.by_pid.pop(pid, None)
-            record = self.records.get(cid) if cid is not None else None
-            oom = bool(record and record.group and record.group.oom_killed())
+            record = self.by_pid.pop(pid, None)
+            killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+            oom = bool(killed and record and record.group and self._new_oom_kill(record.group))
+            if record is not None:
+                record.reaped = True
             message = {"op": "exit", "pid": pid, "status": status, "cpu": usage.ru_utime + usage.ru_stime, "oom": oom}
             send_message(self.sock, message)
         if self.lingering:
             self._tidy()
+
+    def _new_oom_kill(self, group: CallGroup) -> bool:
+        seen, now = self.oom_kills.get(group, 0), group.oom_kills()
+        self.oom_kills[group] = now
+        return now > seen
 
     # -- start: which layers this machine allows -----------------------------------------------------------------
 
@@ -219,7 +244,7 @@ class Zygote:
     def decide_layers(self) -> dict[str, Any]:
         """Add one layer at a time, keeping those a probe child can really start with. The uid comes first: a user
         namespace made by root would map uid 0, which the server's capabilities (rightly) do not allow."""
-        layers = confine.Layers(userns=False, uid=None, seccomp=False)
+        layers = replace(self.layers, userns=False, uid=None, seccomp=False)
         steps = [
             ("uid per call", self.config.uid_per_call, lambda la: replace(la, uid=UID_BASE - 1)),
             ("user namespace", self.config.use_userns, lambda la: replace(la, userns=True)),
@@ -230,7 +255,11 @@ class Zygote:
         for name, wanted, add in steps:
             if not wanted:
                 continue
-            group = self._group("probe") if name == "cgroup" else None
+            try:
+                group = self._new_group("probe") if name == "cgroup" else None
+            except OSError as exc:
+                self.missing[name], self.delegation = f"cannot create a cgroup: {exc}", None
+                continue
             candidate = replace(layers, cgroup=group) if name == "cgroup" else add(layers)
             status, why = self._probe(candidate)
             if group is not None:
@@ -255,6 +284,8 @@ class Zygote:
             os.set_blocking(fd, False)
         signal.set_wakeup_fd(wakeup_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
+        stopping: list[int] = []
+        signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
         selector = selectors.DefaultSelector()
         selector.register(self.sock, selectors.EVENT_READ, "server")
         selector.register(wakeup_r, selectors.EVENT_READ, "signal")
@@ -264,6 +295,9 @@ class Zygote:
                 if key.data == "signal":
                     with contextlib.suppress(BlockingIOError):
                         os.read(wakeup_r, 4096)
+                    if stopping:
+                        self.shutdown()
+                        return
                     self.reap()
                     continue
                 message, fds = recv_message(self.sock)
@@ -298,12 +332,13 @@ def run(sock: socket.socket, config: ZygoteConfig, close: list[int]) -> None:
                 os.close(fd)
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)  # the server's "ready" pipe is the server's
+        confine.set_child_environment()  # once, for every child
+        confine._last_capability()  # read once, before any child could not
         lib = libc()
-        lib.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        lib.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)  # the server died: kill everything, then exit
         lib.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         lib.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         Zygote(sock, config).serve()
     finally:
         os._exit(0)
