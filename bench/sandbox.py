@@ -6,7 +6,11 @@
 - `floor`: a bare `fork()` of a process warmed exactly like the fork server (same imports, warm-up, `gc.freeze()`)
   running the snippet, with no isolation and no IPC: the least any fork-based design can cost.
 
-Usage: `python bench/sandbox.py [--calls 64] [--baseline-calls 16] [--concurrency 1 4 16 64]`
+Rows with a `gap` pause each caller that long between its calls, as an RL loop does while the model generates the
+next turn: the server then has its next children forked and confined before the calls arrive, so the row measures a
+call itself; back-to-back rows (gap 0) measure how fast children can be made. The floor forks in every call either way.
+
+Usage: `python bench/sandbox.py [--calls 64] [--baseline-calls 16] [--concurrency 1 4 16 64] [--gap-ms 0 25]`
 Prints a table and writes JSON to bench/results/.
 """
 
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import platform
@@ -26,10 +31,7 @@ import textwrap
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from retool_env.sandbox import LocalSandbox  # noqa: E402
+from retool_env.sandbox import LocalSandbox
 
 SNIPPETS = {
     "print": "print(1 + 1)",
@@ -51,7 +53,6 @@ print(_buf.getvalue(), end="")
 
 FLOOR_WORKER = """
 import json, os, sys, time
-sys.path.insert(0, sys.argv[4])
 from retool_env.sandbox.server import PRELOAD, warm_up
 warm_up(PRELOAD)  # the same imports, warm-up and gc.freeze() as the fork server
 code, concurrency, calls = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -75,8 +76,9 @@ print(json.dumps({"latencies": latencies, "wall": time.perf_counter() - t0}))
 """
 
 
-async def _drive(call, concurrency: int, calls: int) -> dict:
-    """Run `calls` calls with `concurrency` in flight; per-call latency and overall calls/s."""
+async def _drive(call, concurrency: int, calls: int, gap: float = 0.0) -> dict:
+    """Run `calls` calls with `concurrency` in flight, each worker pausing `gap` seconds between its calls (as an RL
+    loop does while the model generates); per-call latency and overall calls/s."""
     latencies: list[float] = []
     remaining = calls
 
@@ -87,22 +89,24 @@ async def _drive(call, concurrency: int, calls: int) -> dict:
             start = time.perf_counter()
             await call()
             latencies.append(time.perf_counter() - start)
+            if gap:
+                await asyncio.sleep(gap)
 
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return {"latencies": latencies, "wall": time.perf_counter() - start}
 
 
-async def bench_retool(sandbox: LocalSandbox, code: str, concurrency: int, calls: int) -> dict:
+async def bench_retool(sandbox: LocalSandbox, code: str, concurrency: int, calls: int, gap: float = 0.0) -> dict:
     async def call() -> None:
         result = await sandbox.run(code, timeout=60)
         assert result.ok, result
 
     await _drive(call, concurrency, min(calls, 2 * concurrency))  # warm the pool and the caches
-    return await _drive(call, concurrency, calls)
+    return await _drive(call, concurrency, calls, gap)
 
 
-async def bench_baseline(code: str, concurrency: int, calls: int) -> dict:
+async def bench_baseline(code: str, concurrency: int, calls: int, gap: float = 0.0) -> dict:
     body = textwrap.indent(code, "    ")
 
     async def call() -> None:
@@ -116,12 +120,12 @@ async def bench_baseline(code: str, concurrency: int, calls: int) -> dict:
             out, err = await asyncio.wait_for(proc.communicate(), 900)
             assert proc.returncode == 0, err
 
-    return await _drive(call, concurrency, calls)
+    return await _drive(call, concurrency, calls, gap)
 
 
 def bench_floor(code: str, concurrency: int, calls: int) -> dict:
     out = subprocess.run(
-        [sys.executable, "-c", FLOOR_WORKER, code, str(concurrency), str(calls), str(ROOT)],
+        [sys.executable, "-c", FLOOR_WORKER, code, str(concurrency), str(calls)],
         capture_output=True, text=True, check=True, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"},
     )  # fmt: skip
     return json.loads(out.stdout)
@@ -154,6 +158,8 @@ async def main() -> None:
     parser.add_argument("--calls", type=int, default=64, help="calls per cell for retool and the floor")
     parser.add_argument("--baseline-calls", type=int, default=16, help="calls per cell for the baseline (at least c)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument("--gap-ms", type=float, nargs="+", default=[0.0],
+                        help="pause between one caller's calls (0: back to back)")
     parser.add_argument("--snippets", nargs="+", default=list(SNIPPETS), choices=list(SNIPPETS))
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = parser.parse_args()
@@ -170,13 +176,14 @@ async def main() -> None:
         info["retool_max_concurrency"] = sandbox._config["max_concurrency"]
         for name in args.snippets:
             code = SNIPPETS[name]
-            for c in args.concurrency:
+            for c, gap_ms in itertools.product(args.concurrency, args.gap_ms):
+                gap = gap_ms / 1000
                 cell = {
-                    "retool": summarize(await bench_retool(sandbox, code, c, max(args.calls, c))),
+                    "retool": summarize(await bench_retool(sandbox, code, c, max(args.calls, c), gap)),
                     "floor": summarize(bench_floor(code, c, max(args.calls, c))),
-                    "baseline": summarize(await bench_baseline(code, c, max(args.baseline_calls, c))),
+                    "baseline": summarize(await bench_baseline(code, c, max(args.baseline_calls, c), gap)),
                 }
-                rows.append({"snippet": name, "concurrency": c, **cell})
+                rows.append({"snippet": name, "concurrency": c, "gap_ms": gap_ms, **cell})
                 print_row(rows[-1], header=len(rows) == 1)
                 info["load_average_now"] = [round(x, 2) for x in os.getloadavg()]
                 path.write_text(json.dumps({"command": command, "machine": info, "rows": rows}, indent=2))
@@ -186,13 +193,14 @@ async def main() -> None:
 def print_row(row: dict, header: bool) -> None:
     if header:
         print(
-            "| snippet | c | retool p50 / p99 ms | retool calls/s | floor p50 / p99 ms | floor calls/s "
+            "| snippet | c | gap ms | retool p50 / p99 ms | retool calls/s | floor p50 / p99 ms | floor calls/s "
             "| baseline p50 / p99 ms | baseline calls/s | baseline/retool p50 | retool/floor p50 |"
         )
-        print("|---|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
     r, f, b = row["retool"], row["floor"], row["baseline"]
     print(
-        f"| {row['snippet']} | {row['concurrency']} | {r['p50_ms']:.1f} / {r['p99_ms']:.1f} | {r['calls_per_s']:.0f} "
+        f"| {row['snippet']} | {row['concurrency']} | {row['gap_ms']:g} | {r['p50_ms']:.1f} / {r['p99_ms']:.1f} "
+        f"| {r['calls_per_s']:.0f} "
         f"| {f['p50_ms']:.1f} / {f['p99_ms']:.1f} | {f['calls_per_s']:.0f} "
         f"| {b['p50_ms']:.1f} / {b['p99_ms']:.1f} | {b['calls_per_s']:.1f} "
         f"| {b['p50_ms'] / r['p50_ms']:.1f}x | {r['p50_ms'] / f['p50_ms']:.2f}x |",

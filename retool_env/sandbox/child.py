@@ -52,10 +52,26 @@ def _fresh_namespace() -> dict[str, Any]:
     return {"__name__": "__main__", "__builtins__": __builtins__}
 
 
+def _rehearse() -> None:
+    """Run a harmless cell while waiting for the real one: the pages any call writes (parser, compiler, output path)
+    are copied from the zygote now, off the call's critical path. Nothing of it is kept."""
+    import json
+
+    stdout = sys.stdout
+    sys.stdout = io.StringIO()
+    try:
+        json.loads('{"op": "run", "code": "print(1)", "timeout": 1.0, "echo": true}')
+        cell.run_cell("import math\nx = [math.sqrt(2) * i for i in range(3)]\nprint(x)\nx", {"__builtins__": __builtins__},
+                      echo=True, traceback_lines=1)
+    finally:
+        sys.stdout = stdout
+
+
 def single_use_main(code_fd: int, buffer: cell.OutputBuffer, **limits: Any) -> None:
     """Run one request; say `done <exit code>` on the same socket before exiting, so the server answers without
     waiting for the kernel to tear down this process's namespaces (it kills the process then, in case the report
     came from the code itself: a call can only cut its own output short that way)."""
+    _rehearse()
     request = read_frame_blocking(code_fd)
     if request is None:
         os._exit(0)
