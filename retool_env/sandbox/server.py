@@ -341,8 +341,11 @@ class Server:
                 return self._result(child, exit_info, request, duration, timed_out)
             finally:
                 self.running.pop(child.pid, None)
-                self._discard(child)
-                self._schedule_refill()  # after the result: the fork then competes with no one on a busy core
+                # After the response is written (call_soon): the child is already dead or dying, and the release and
+                # the next fork then compete with no one on a busy core.
+                loop = asyncio.get_running_loop()
+                loop.call_soon(self._discard, child)
+                loop.call_soon(self._schedule_refill)
 
     async def _open_session(self, name: str) -> Session:
         while len(self.sessions) >= self.config.max_sessions:  # close the least recently used, idle if possible
