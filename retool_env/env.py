@@ -164,8 +164,11 @@ class ToolEnvironment(gym.Env):
         if render_mode not in (None, "ansi"):
             raise ValueError(f"render_mode must be None or 'ansi', not {render_mode!r}")
         config = EnvConfig(**config)  # the defaults, and a TypeError naming any unknown argument
-        if min(config.max_completion_tokens, config.max_observation_tokens) < 1 or config.max_tool_calls < 0:
-            raise ValueError("token budgets must be positive and max_tool_calls non-negative")
+        for name in ("max_completion_tokens", "max_observation_tokens"):
+            if getattr(config, name) < 1:
+                raise ValueError(f"{name}={getattr(config, name)!r}: a token budget must be at least 1")
+        if config.max_tool_calls < 0:
+            raise ValueError(f"max_tool_calls={config.max_tool_calls!r}: must be 0 (no tool) or more")
         if config.sample_mode not in SAMPLE_MODES:
             raise ValueError(f"sample_mode must be one of {SAMPLE_MODES}, not {config.sample_mode!r}")
         self.tokenizer = with_chat_template(load_tokenizer(tokenizer), config.chat_template)
@@ -286,6 +289,9 @@ class ToolEnvironment(gym.Env):
             if "token_ids" not in action:
                 raise ValueError("an action mapping needs 'token_ids' (optionally 'logprobs', 'finish_reason')")
             action, logprobs, finish_reason = action["token_ids"], action.get("logprobs"), action.get("finish_reason")
+        if isinstance(action, (str, bytes)):
+            raise TypeError(f"an action is the token ids the policy generated, not text ({action[:40]!r}...): pass "
+                            "tokenizer.encode(text, add_special_tokens=False), or use an adapter that takes text")
         ids = np.asarray(action)
         if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
             raise ValueError(f"an action is a 1-D sequence of token ids, got shape {ids.shape} dtype {ids.dtype}")

@@ -285,6 +285,13 @@ def test_valid_json_is_never_altered(tiny_tok):
                                          "arguments": json.dumps({"code": code})})).code == code
 
 
+def test_budget_errors_name_the_argument_and_value(tiny_tok):
+    with pytest.raises(ValueError, match=r"max_completion_tokens=0"):
+        make_env(tiny_tok, max_completion_tokens=0)
+    with pytest.raises(ValueError, match=r"max_tool_calls=-1"):
+        make_env(tiny_tok, max_tool_calls=-1)
+
+
 def test_caller_misuse_raises(tiny_tok):
     env = make_env(tiny_tok)
     with pytest.raises(RuntimeError, match="reset"):
@@ -296,6 +303,8 @@ def test_caller_misuse_raises(tiny_tok):
         env.step(np.zeros((2, 2), dtype=np.int64))
     with pytest.raises(ValueError, match="token_ids"):
         env.step({"ids": [1]})
+    with pytest.raises(TypeError, match=r"tokenizer\.encode"):
+        env.step("The answer is 42.")
     env.step(ids(tiny_tok, "\\boxed{42}"))
     with pytest.raises(RuntimeError, match="ended"):
         env.step(ids(tiny_tok, "again"))
