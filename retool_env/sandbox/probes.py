@@ -6,6 +6,8 @@ The test suite checks the same classes from outside the sandbox (canaries, victi
 
 from __future__ import annotations
 
+import os
+
 _PRELUDE = """\
 import ctypes, errno, os
 libc = ctypes.CDLL(None, use_errno=True)
@@ -22,9 +24,7 @@ ATTACKS: dict[str, str] = {
     "open_by_handle_at": "r, e = syscall(304, -100, ctypes.create_string_buffer(64), 0)\n"
                          "if e not in (errno.EPERM, errno.ENOSYS): print('ESCAPED', errno.errorcode.get(e))",
     "root-only files": "open('/etc/shadow').read(1); print('ESCAPED /etc/shadow')",
-    "trainer's home": "left = [e for e in os.listdir({home!r}) if not {home!r}.startswith('/tmp')]\n"
-                      "expected = {expected!r}\n"
-                      "if set(left) - set(expected): print('ESCAPED', sorted(set(left) - set(expected))[:5])",
+    "trainer's home": "left = set(os.listdir({home!r})) - set({in_home!r})\nif left: print('ESCAPED', sorted(left)[:5])",
     "signal the server": "os.kill(os.getppid(), 0); print('ESCAPED kill')",
     "pidfd": "r, e = syscall(434, os.getppid(), 0)\nif r >= 0: print('ESCAPED pidfd_open')",
     "prlimit another process": "import resource\nresource.prlimit(os.getppid(), resource.RLIMIT_NOFILE)\n"
@@ -42,15 +42,26 @@ ATTACKS: dict[str, str] = {
     "nice -20": "os.setpriority(os.PRIO_PROCESS, 0, -20); print('ESCAPED nice')",
     "kernel log": "r = libc.klogctl(3, ctypes.create_string_buffer(256), 256)\nif r >= 0: print('ESCAPED syslog')",
     "device node": "import stat\nos.mknod('/tmp/null', stat.S_IFCHR | 0o600, os.makedev(1, 3)); print('ESCAPED mknod')",
-    "other calls' files": "left = os.listdir('/tmp') + os.listdir('/dev/shm')\nif left: print('ESCAPED', left[:5])\n"
+    "other calls' files": "left = (set(os.listdir('/tmp')) - set({in_tmp!r})) | set(os.listdir('/dev/shm'))\n"
+                          "if left: print('ESCAPED', sorted(left)[:5])\n"
                           "open('/tmp/mark', 'w').write('x'); open('/dev/shm/mark', 'w').write('x')",
     "other calls' output": "maps = [l for l in open('/proc/self/maps') if 'retool-output' in l]\n"
                            "if len(maps) > 1: print('ESCAPED', len(maps), 'output buffers mapped')",
 }  # fmt: skip
 
 
-def code(name: str, *, home: str, expected_in_home: list[str]) -> str:
-    return _PRELUDE + ATTACKS[name].format(home=home, expected=expected_in_home)
+def visible_entries(directory: str) -> list[str]:
+    """What a child may see in `directory` (a home, /tmp): the first path parts of the Python install and this
+    package, which are bound back into the tmpfs covering it. Anything else there would be an escape."""
+    from .isolation import python_paths
+
+    return sorted({p[len(directory) + 1 :].split("/")[0] for p in python_paths() if p.startswith(directory + "/")})
+
+
+def code(name: str, *, home: str | None = None) -> str:
+    """The attack `name` as model code, for a trainer whose home is `home` (default: this process's)."""
+    home = home or os.path.expanduser("~")
+    return _PRELUDE + ATTACKS[name].format(home=home, in_home=visible_entries(home), in_tmp=visible_entries("/tmp"))
 
 
 def escaped(output: str) -> bool:
