@@ -32,7 +32,7 @@ _MB = 1 << 20
 
 @dataclass(frozen=True)
 class Layers:
-    """Which layers the server applies to every child; decided once at start (see `isolation.probe_layers`)."""
+    """Which layers the server applies to every child; decided once at start (`Zygote.decide_layers`)."""
 
     userns: bool = True
     uid: int | None = None  # None: keep the server's uid (an unprivileged server cannot give each call its own)
