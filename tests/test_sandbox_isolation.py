@@ -301,3 +301,44 @@ def test_every_doctor_attack_is_contained(sandbox):
     codes = [probes.code(name) for name in probes.ATTACKS]
     for name, result in zip(probes.ATTACKS, run_all(sandbox, *codes), strict=True):
         assert not probes.escaped(result.output), (name, result.output)
+
+
+def test_nothing_accumulates_over_many_calls():
+    """Single-use calls, session cells that take over, timeouts, twice over: afterwards the same processes, no
+    session, and a second round needs no more cgroup slots than the first (slots are reused, not leaked)."""
+    with LocalSandbox(timeout=3, max_concurrency=4, prefork=2) as sb:
+        sb.start()
+        settled = len(tree(sb.server_pid))
+
+        async def one(i: int) -> str:
+            if i % 5 == 0:
+                result = await sb.run(f"v = {i}\nv", session=f"s{i % 6}")
+            elif i % 17 == 0:
+                result = await sb.run("while True: pass", timeout=0.3)
+            else:
+                result = await sb.run(f"print({i} * 2)")
+            return result.status
+
+        async def round_of_calls() -> list[str]:
+            statuses = await asyncio.gather(*(one(i) for i in range(240)))
+            for i in range(6):
+                await sb.close_session(f"s{i}")
+            return statuses
+
+        def slots() -> int:
+            if sb._process.cgroup is None:
+                return 0
+            return len([d for d in os.listdir(sb._process.cgroup.parents[0]) if d.startswith("slot")])
+
+        counts = []
+        for _ in range(2):
+            statuses = asyncio.run(round_of_calls())
+            assert set(statuses) <= {"ok", "timeout"} and statuses.count("timeout") == 12, statuses
+            deadline = time.time() + 10
+            while time.time() < deadline and len(tree(sb.server_pid)) != settled:
+                time.sleep(0.1)
+            assert len(tree(sb.server_pid)) == settled
+            info = asyncio.run(sb.info())
+            assert info["sessions"] == 0 and info["running"] == 0 and info["pool"] == 2
+            counts.append(slots())
+        assert counts[1] <= counts[0] + 4, counts
