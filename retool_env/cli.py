@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 
 def _sandbox_serve(args: argparse.Namespace) -> int:
@@ -23,28 +24,73 @@ def _sandbox_serve(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"retool-env sandbox serve: no token: {exc}", file=sys.stderr)
         return 2
-    kwargs = {"timeout": args.timeout, "memory_mb": args.memory_mb, "max_concurrency": args.max_concurrency,
+    if args.workers > 1 and (args.unix_socket or args.port == 0):
+        print("retool-env sandbox serve: --workers needs a TCP port of its own (not 0, not --unix-socket)",
+              file=sys.stderr)
+        return 2
+    concurrency = args.max_concurrency or max(1, 2 * (os.cpu_count() or 1) // args.workers)
+    kwargs = {"timeout": args.timeout, "memory_mb": args.memory_mb, "max_concurrency": concurrency,
               "isolation": args.isolation, "require": args.require}
     options = {"token": token, "token_source": source, "unix_socket": args.unix_socket, "echo": args.echo,
                "read_timeout": args.read_timeout, "max_inflight_bytes": args.max_inflight_mb << 20}
 
-    async def serve_until_signalled() -> None:
+    async def serve_until_signalled(worker: int) -> None:
         # Ctrl-C and `kill` both stop the server cleanly; set explicitly, because a server started in the background
         # (`retool-env sandbox serve &`) inherits SIGINT ignored, and SIGTERM would otherwise skip the cleanup.
         loop, task = asyncio.get_running_loop(), asyncio.current_task()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, task.cancel)
         with contextlib.suppress(asyncio.CancelledError):
-            await serve(args.host, args.port, **options, **kwargs)
+            await serve(args.host, args.port, worker=(worker, args.workers), **options, **kwargs)
 
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve_until_signalled())
-    return 0
+    if args.workers == 1:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(serve_until_signalled(0))
+        return 0
+    return _serve_workers(args.workers, lambda worker: asyncio.run(serve_until_signalled(worker)))
+
+
+def _serve_workers(count: int, run: Callable[[int], None]) -> int:
+    """`count` processes on one port (SO_REUSEPORT; the kernel spreads the connections), each with its own sandbox
+    server, so a node's cores are not all fed by one zygote. Forked before any event loop; stopped together."""
+    import signal
+
+    pids = []
+    for worker in range(count):
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                with contextlib.suppress(KeyboardInterrupt):
+                    run(worker)
+            except BaseException:
+                code = 1
+                raise
+            finally:
+                os._exit(code)
+        pids.append(pid)
+
+    def stop(*_: object) -> None:
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)
+    codes = []
+    for pid in pids:
+        while True:
+            try:
+                codes.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+                break
+            except InterruptedError:
+                continue
+        stop()  # one worker gone: the port must not stay half served
+    return max(codes, default=0)
 
 
 def _doctor(args: argparse.Namespace) -> int:
     """Every isolation layer as measured in a confined child, then one live attack per class."""
-    import os
     import time
 
     from retool_env.sandbox import LocalSandbox, isolation, probes
@@ -102,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-concurrency", type=int, default=None, help="calls executing at once; None: one per CPU")
     serve.add_argument("--isolation", default="auto", choices=["auto", "bwrap", "unshare", "none"],
                        help="isolation wrapper; auto: the strongest this machine allows (see `retool-env doctor`)")
+    serve.add_argument("--workers", type=int, default=1,
+                       help="server processes sharing the port, each with its own sandbox (a node's cores, past one "
+                            "process's fork rate)")
     serve.add_argument("--require", choices=["warn", "strict"], default="warn",
                        help="strict: refuse to start unless every sandbox isolation layer is on (see `doctor`)")
     serve.add_argument("--unix-socket", default=None, help="listen on this unix socket (mode 0600), not host:port")

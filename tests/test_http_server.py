@@ -13,6 +13,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 
 import httpx
 import pytest
@@ -329,3 +330,40 @@ def test_cli_serve_token_from_the_environment_and_no_auth_rules(tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
+
+
+def test_cli_serve_workers_share_one_port():
+    from retool_env.cli import main
+
+    assert main(["sandbox", "serve", "--workers", "2", "--port", "0"]) == 2  # a shared port must be fixed
+    port = free_port()
+    env = {**os.environ, TOKEN_ENV: TOKEN}
+    proc = subprocess.Popen([sys.executable, "-m", "retool_env.cli", "sandbox", "serve", "--port", str(port),
+                             "--workers", "2", "--max-concurrency", "2"], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert "(2 workers)" in proc.stdout.readline()
+        deadline = time.time() + 60  # the second worker's sandbox may still be starting
+        workers = []
+        while time.time() < deadline and len(workers) < 2:
+            workers = [p for p in os.listdir("/proc") if p.isdigit() and _parent(int(p)) == proc.pid]
+            time.sleep(0.2)
+        assert len(workers) == 2
+
+        async def calls():
+            client = SandboxFusionSandbox(f"http://127.0.0.1:{port}", token=TOKEN)
+            return await asyncio.gather(*(client.run(f"print({i} * 3)") for i in range(12)))
+
+        results = asyncio.run(calls())
+        assert [r.stdout for r in results] == [f"{i * 3}\n" for i in range(12)]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    assert not [p for p in workers if os.path.exists(f"/proc/{p}")]
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None

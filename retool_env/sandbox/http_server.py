@@ -203,6 +203,7 @@ class FusionServer:
         read_timeout: float = READ_TIMEOUT,
         max_body: int = MAX_BODY,
         max_inflight_bytes: int = MAX_INFLIGHT_BYTES,
+        reuse_port: bool = False,
     ) -> None:
         if token is None and unix_socket is None and not is_loopback(host):
             raise ValueError(f"refusing to serve without a token on {host}: anyone who reaches it could run code; "
@@ -213,6 +214,7 @@ class FusionServer:
         self._token = None if token is None else token.encode()
         self.read_timeout, self.max_body, self.max_inflight_bytes = read_timeout, max_body, max_inflight_bytes
         self._inflight_bytes = 0
+        self.reuse_port = reuse_port  # several worker processes on one port, the kernel spreading connections
         self._server: asyncio.base_events.Server | None = None
 
     async def start(self) -> int:
@@ -224,7 +226,8 @@ class FusionServer:
             finally:
                 os.umask(old_umask)
             return 0
-        self._server = await asyncio.start_server(self._connection, self.host, self.port, backlog=1024)
+        self._server = await asyncio.start_server(self._connection, self.host, self.port, backlog=1024,
+                                                  reuse_port=self.reuse_port or None)
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
@@ -373,16 +376,23 @@ async def serve(
     echo: bool = False,
     read_timeout: float = READ_TIMEOUT,
     max_inflight_bytes: int = MAX_INFLIGHT_BYTES,
+    worker: tuple[int, int] = (0, 1),
     **sandbox_kwargs: Any,
 ) -> None:
-    """Run the HTTP server over a fresh `LocalSandbox` until cancelled; prints where it listens and the token."""
+    """Run the HTTP server over a fresh `LocalSandbox` until cancelled; prints where it listens and the token.
+    `worker` = (index, count): one of `count` processes sharing the port, each with a sandbox of its own."""
     from .local import LocalSandbox
 
+    index, count = worker
     async with LocalSandbox(echo=echo, **sandbox_kwargs) as sandbox:
         server = FusionServer(sandbox, host, port, token=token, unix_socket=unix_socket, read_timeout=read_timeout,
-                              max_inflight_bytes=max_inflight_bytes)
+                              max_inflight_bytes=max_inflight_bytes, reuse_port=count > 1)
         await server.start()
-        print(f"retool-env sandbox: SandboxFusion API on {server.url}", flush=True)
+        if index:  # the first worker speaks for all
+            await server.serve_forever()
+            return
+        workers = f" ({count} workers)" if count > 1 else ""
+        print(f"retool-env sandbox: SandboxFusion API on {server.url}{workers}", flush=True)
         if token is None:
             print("retool-env sandbox: no authentication (--no-auth): every local user can run code here", flush=True)
         elif token_source == "generated":
