@@ -19,6 +19,7 @@ Tool use comes from `Trajectory.tool_stats` (see `tool_use`). With `out`, the ev
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import math
 import statistics
@@ -31,7 +32,7 @@ from retool_env.data import LEVELS
 from retool_env.env import make_env_factory
 from retool_env.grading import is_equivalent, normalize_answer
 from retool_env.rollout import SamplingParams, run_episodes
-from retool_env.trajectory import ToolStats, Trajectory
+from retool_env.trajectory import NOT_RUN, ToolStats, ToolStatus, Trajectory
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -96,6 +97,35 @@ def tool_use(trajectories: Sequence[Trajectory]) -> dict[str, float | None]:
     }
 
 
+FAILED_RUNS = frozenset({ToolStatus.ERROR, ToolStatus.TIMEOUT, ToolStatus.MEMORY, ToolStatus.KILLED})
+
+
+def self_correction(trajectories: Sequence[Trajectory]) -> dict[str, float | int | None]:
+    """How a model recovers when its code fails (the ReTool paper's headline behaviour), over responses (aborted
+    episodes excluded). A call failed when it ran and ended in an error, a timeout, the memory limit or a signal
+    (the executor's own failures, `sandbox_error`, do not count); code that ran but printed a wrong value cannot be
+    told apart here.
+
+    `responses_with_failure`: responses with at least one failed call; `recovered_rate`: of those, the share that
+    still ended correct; `fixed_rate`: of failed calls that the model followed with another call in the same response,
+    the share whose next call ran to the end (`ok`).
+    """
+    done = [t for t in trajectories if not t.aborted]
+    failing = [t for t in done if any(c.status in FAILED_RUNS for c in t.tool_calls)]
+    followed = fixed = 0
+    for t in failing:
+        ran = [c for c in t.tool_calls if c.status not in NOT_RUN]
+        for call, after in itertools.pairwise(ran):
+            if call.status in FAILED_RUNS:
+                followed += 1
+                fixed += after.status == ToolStatus.OK
+    return {
+        "responses_with_failure": len(failing),
+        "recovered_rate": sum(bool(t.correct) for t in failing) / len(failing) if failing else None,
+        "fixed_rate": fixed / followed if followed else None,
+    }
+
+
 def _stderr(values: Sequence[float]) -> float | None:
     """Standard error of the mean of `values` (sample standard deviation / sqrt(count)); None below two values."""
     return statistics.stdev(values) / math.sqrt(len(values)) if len(values) >= 2 else None
@@ -123,6 +153,7 @@ def _summary(groups: Sequence[tuple[Any, list[Any]]], n: int, ks: Sequence[int])
     summary["aborted"] = len(trajectories) - len(done)
     summary["finish_reasons"] = dict(Counter(t.finish_reason.split(":")[0] for t in trajectories))
     summary["tools"] = tool_use(trajectories)
+    summary["self_correction"] = self_correction(trajectories)
     return summary
 
 

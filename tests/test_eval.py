@@ -178,3 +178,27 @@ def test_each_shipped_config_parses(config, tmp_path):
     bad.write_text("n_sample: 3\n")
     with pytest.raises(SystemExit):  # one line on stderr naming the key, no traceback
         ev.parse_args(["--config", str(bad)])
+
+
+def test_self_correction_counts_recoveries_and_fixes():
+    from retool_env.evaluation import self_correction
+    from retool_env.trajectory import ToolCallRecord, Trajectory
+
+    def episode(statuses: list[str], correct: bool, finish: str = "answer") -> Trajectory:
+        calls = [ToolCallRecord("code", "out", status, turn=i) for i, status in enumerate(statuses)]
+        return Trajectory(prompt_ids=[1], tool_calls=calls, correct=correct, finish_reason=finish)
+
+    trajectories = [
+        episode(["error", "ok"], True),  # failed, fixed by the next call, recovered
+        episode(["timeout", "invalid", "error"], False),  # the invalid call ran nothing: the next run failed again
+        episode(["ok"], True),  # never failed
+        episode(["memory"], True),  # failed, never retried, still right
+        episode(["sandbox_error", "ok"], False),  # the executor's failure is not the model's
+        episode(["error", "ok"], True, finish="aborted: the generator failed"),  # aborted: not a response
+    ]
+    stats = self_correction(trajectories)
+    assert stats["responses_with_failure"] == 3
+    assert stats["recovered_rate"] == pytest.approx(2 / 3)
+    assert stats["fixed_rate"] == pytest.approx(1 / 2)  # error -> ok fixed; timeout -> error not
+    assert self_correction([episode(["ok"], True)]) == {"responses_with_failure": 0, "recovered_rate": None,
+                                                        "fixed_rate": None}
