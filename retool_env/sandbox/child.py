@@ -8,7 +8,6 @@ as trusted as its code: everything a head says is checked by the server, and con
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import io
 import math
 import os
@@ -18,7 +17,7 @@ import sys
 import time
 from typing import Any
 
-from . import cell
+from . import cell, confine
 from .protocol import read_frame_blocking
 
 _PR_SET_PDEATHSIG = 1
@@ -83,7 +82,7 @@ def single_use_main(code_fd: int, buffer: cell.OutputBuffer, **limits: Any) -> N
 
 def _die_with(parent: int) -> None:
     """A cell that took over as head outlives its parent; re-arm the death signal once the zygote adopts it."""
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = confine.libc()
     for _ in range(1000):
         if os.getppid() == parent:
             libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)

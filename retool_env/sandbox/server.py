@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import cell, confine, zygote
@@ -42,34 +42,16 @@ _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE = 1, 4
 _M_ARENA_MAX = -8
 
 
-@dataclass
-class Config:
+@dataclass(kw_only=True)
+class Config(zygote.ZygoteConfig):
     """What the client decides; sent to the server as JSON on its standard input."""
 
     listen_fd: int
     lifeline_fd: int
     max_concurrency: int = 2
     prefork: int = 2
-    memory_mb: int = 1024
-    max_output_bytes: int = 16384
-    traceback_lines: int = 12
-    file_size_mb: int = 64
-    open_files: int = 64
-    tmp_mb: int = 256
-    shm_mb: int = 64
-    processes: int = 1024
     max_sessions: int = 64
-    use_seccomp: bool = True
-    use_userns: bool = True
-    uid_per_call: bool = True
-    cgroup: dict[str, Any] | None = None
-    masks: list[str] = field(default_factory=list)  # directories each child covers with a tmpfs of its own
-    rebinds: list[tuple[str, str]] = field(default_factory=list)  # (visible copy, path under a mask) bound back
     preload: list[str] = field(default_factory=lambda: list(PRELOAD))
-
-    def zygote_config(self) -> zygote.ZygoteConfig:
-        fields = zygote.ZygoteConfig.__dataclass_fields__
-        return zygote.ZygoteConfig(**{k: v for k, v in asdict(self).items() if k in fields})
 
 
 @dataclass
@@ -98,10 +80,6 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-def _libc() -> Any:
-    return confine.libc()
-
-
 def warm_up(preload: list[str]) -> None:
     """Import and exercise the libraries model code uses, then freeze them out of the GC (copy-on-write friendly)."""
     for name in preload:
@@ -124,7 +102,7 @@ def warm_up(preload: list[str]) -> None:
     sys.set_int_max_str_digits(0)
     threading.stack_size(512 * 1024)  # so hundreds of threads fit under the address-space limit
     with contextlib.suppress(Exception):
-        _libc().mallopt(_M_ARENA_MAX, 2)  # glibc reserves 64 MB of address space per malloc arena otherwise
+        confine.libc().mallopt(_M_ARENA_MAX, 2)  # glibc reserves 64 MB of address space per malloc arena otherwise
     gc.collect()
     gc.freeze()
 
@@ -553,13 +531,13 @@ def main() -> None:
     """Entry point: `python -c ... server.main()`, the JSON config on standard input (not on the command line,
     which any process may read)."""
     config = Config(**json.loads(sys.stdin.readline()))
-    libc = _libc()
+    libc = confine.libc()
     libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
     warm_up(config.preload)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()  # before any request: the zygote's memory holds no code and no output, ever
     if pid == 0:
         ours.close()
-        zygote.run(theirs, config.zygote_config(), close=[config.listen_fd, config.lifeline_fd, 0])
+        zygote.run(theirs, config, close=[config.listen_fd, config.lifeline_fd, 0])
     theirs.close()
     asyncio.run(Server(config, ours, pid).serve())

@@ -32,20 +32,22 @@ _PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER, _PR_SET_DUMPABLE = 1, 36, 4
 UID_BASE = 2_000_000_000  # far above any real account; one uid per live call or session
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ZygoteConfig:
-    memory_mb: int
-    max_output_bytes: int
-    traceback_lines: int
-    file_size_mb: int
-    open_files: int
-    tmp_mb: int
-    shm_mb: int
-    processes: int
-    use_seccomp: bool
-    use_userns: bool
-    uid_per_call: bool
-    cgroup: dict[str, Any] | None  # Delegation fields
+    """What every child is made with (the server's `Config` adds what only the server needs)."""
+
+    memory_mb: int = 1024
+    max_output_bytes: int = 16384
+    traceback_lines: int = 12
+    file_size_mb: int = 64
+    open_files: int = 64
+    tmp_mb: int = 256
+    shm_mb: int = 64
+    processes: int = 1024
+    use_seccomp: bool = True
+    use_userns: bool = True
+    uid_per_call: bool = True
+    cgroup: dict[str, Any] | None = None  # Delegation fields
     masks: list[str] = field(default_factory=list)  # directories each child covers with its own tmpfs
     rebinds: list[tuple[str, str]] = field(default_factory=list)  # (visible copy, path under a mask) bound back
 
