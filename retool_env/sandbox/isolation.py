@@ -49,9 +49,15 @@ def _outermost(paths: set[str]) -> list[str]:
 
 
 def python_paths() -> list[str]:
-    """What the server's interpreter needs to see: its install, the venv, sys.path and this package."""
-    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    candidates = {sys.prefix, sys.base_prefix, os.path.dirname(sys.executable), package_root, *sys.path}
+    """What the server's interpreter needs to see: its install, the venv, sys.path and this package.
+
+    The package itself (`retool_env/`), not the checkout around it: a checkout in a private directory (`mktemp -d`
+    makes it 0700) would be bound back with its mode, which a child's uid could not traverse; bubblewrap creates the
+    directories above a bound path with mode 0755."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    checkout = os.path.dirname(package)
+    entries = [p for p in sys.path if p and os.path.abspath(p) != checkout]
+    candidates = {sys.prefix, sys.base_prefix, os.path.dirname(sys.executable), package, *entries}
     candidates.add(os.path.dirname(os.path.realpath(sys.executable)))
     found = {os.path.realpath(p) for p in candidates if p} | {os.path.abspath(p) for p in candidates if p}
     return _outermost({p for p in found if os.path.exists(p) and p != "/"})
