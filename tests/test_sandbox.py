@@ -471,3 +471,14 @@ def test_a_checkout_under_tmp_stays_visible_read_only(monkeypatch):
         assert "Read-only file system" in result.output and not (checkout / "written.txt").exists()
     finally:
         shutil.rmtree(checkout)
+
+
+def test_the_package_is_bound_back_not_the_checkout_around_it(monkeypatch):
+    """A checkout in a private directory (mktemp -d makes it 0700) would stay closed to a call's uid if bound whole."""
+    from retool_env.sandbox import isolation
+
+    package = Path(isolation.__file__).resolve().parent.parent
+    monkeypatch.setattr(sys, "path", [str(package.parent), *sys.path])  # as pytest or `python -c` in it would
+    paths = isolation.python_paths()
+    assert str(package) in paths or any(str(package).startswith(p + "/") for p in paths)
+    assert str(package.parent) not in paths
