@@ -134,3 +134,13 @@ def test_hard_row_pools_levels_by_problem_count_with_its_standard_error():
     assert rows["hard"]["code_use"] == 1.0 and rows["all"]["accuracy_stderr"] == 0.03
     metrics["by_level"]["multiply"]["mean@4_stderr"] = None  # one problem: its spread is unknown, so is the pool's
     assert level_rows(metrics)["hard"]["accuracy_stderr"] is None
+
+
+def test_report_reads_jsonl_whose_text_holds_unicode_line_separators(tmp_path):
+    """Model text kept unescaped in JSON may hold U+2028 or U+0085: one record per line all the same."""
+    from training.miniature_report import _jsonl
+
+    path = tmp_path / "per_problem.jsonl"
+    records = [{"response": "a\u2028b\x85c"}, {"response": "d"}]
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    assert _jsonl(path) == records

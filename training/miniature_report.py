@@ -122,14 +122,19 @@ def spread(values: list) -> str:
     return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
 
 
+def _jsonl(path: Path) -> list[dict]:
+    """One record per line. Not `splitlines()`: model text kept unescaped (ensure_ascii=False) may hold U+2028 or
+    U+0085, which it treats as line ends."""
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line]
+
+
 def self_correction_samples(out: Path, limit: int = 3) -> list[str]:
     """Evaluation samples whose first tool call failed and which called the tool again (correct ones first, latest
     stage first); where evaluation shows none, one cold-start example, labelled as such, shows the pattern taught."""
     fixed, retried = [], []
     for stage in ("after_rl", "after_sft"):
         for path in sorted(out.glob(f"seed*/tool/eval-{stage}/per_problem.jsonl")):
-            for line in path.read_text().splitlines():
-                record = json.loads(line)
+            for record in _jsonl(path):
                 for sample in record["samples"]:
                     statuses = sample["tool_statuses"]
                     if len(statuses) > 1 and statuses[0] != "ok":
@@ -140,8 +145,8 @@ def self_correction_samples(out: Path, limit: int = 3) -> list[str]:
     found = (fixed + retried)[:limit]
     if not found:
         for path in sorted(out.glob("seed*/tool/coldstart.jsonl"))[:1]:
-            for line in path.read_text().splitlines():
-                messages = json.loads(line)["messages"]
+            for record in _jsonl(path):
+                messages = record["messages"]
                 if "Fix the typo." in messages[1]["content"]:
                     found.append(f"No evaluation sample retried after an error; a cold-start example of the "
                                  f"pattern: **{messages[0]['content']}**\n```\n{messages[1]['content']}\n```")
