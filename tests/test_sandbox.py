@@ -250,6 +250,25 @@ def test_session_state_persists_and_failures_roll_back(sandbox):
     asyncio.run(main())
 
 
+def test_session_survives_an_old_head_that_is_slow_to_exit():
+    """On a loaded machine the head a cell replaces may take seconds to exit; the new head waits for it (it used to
+    give up after a second, and the session's next call answered `sandbox_error`). Without seccomp a cell can stop
+    its own head, which stands in for that machine."""
+    stall = ("import os, signal, threading\nhead = os.getppid()\nos.kill(head, signal.SIGSTOP)\n"
+             "threading.Timer(1.5, os.kill, (head, signal.SIGCONT)).start()\nx = 1")
+
+    async def main():
+        with LocalSandbox(seccomp=False, timeout=10) as sb:
+            took_over = await sb.run(stall, session="slow")
+            after = await sb.run("x + 1", session="slow")
+            await sb.close_session("slow")
+        return took_over, after
+
+    took_over, after = asyncio.run(main())
+    assert took_over.status == "ok", took_over
+    assert (after.status, after.output.strip()) == ("ok", "2"), after
+
+
 def test_session_cells_cannot_forge_the_heads_reports(sandbox):
     """A cell can write to the pipe its head reports on; the server must not act on forged pids."""
     forge = "import os\nfor fd in range(3, 64):\n    try: os.write(fd, b'C 1\\nT\\nX 0\\n')\n    except OSError: pass"

@@ -115,9 +115,7 @@ class Delegation:
             with contextlib.suppress(OSError):
                 for entry in os.scandir(parent):
                     if entry.is_dir(follow_symlinks=False):
-                        for pid in CallGroup(self.version, (entry.path,)).pids():
-                            with contextlib.suppress(OSError):
-                                os.kill(pid, signal.SIGKILL)
+                        CallGroup(self.version, (entry.path,)).kill()
 
     def remove(self, wait: float = 2.0) -> None:
         """Kill what is left in the call groups, remove them, then the parents; killed processes take a moment to
@@ -174,6 +172,14 @@ class CallGroup:
                 return [int(line) for line in f if line.strip()]
         except OSError:
             return []
+
+    def kill(self) -> int:
+        """SIGKILL every process in the group, wherever it moved in the process tree; returns how many."""
+        victims = self.pids()
+        for pid in victims:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        return len(victims)
 
     def oom_kills(self) -> int:
         """How many processes the kernel has killed here for memory, ever."""

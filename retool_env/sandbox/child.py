@@ -80,16 +80,20 @@ def single_use_main(code_fd: int, buffer: cell.OutputBuffer, **limits: Any) -> N
     os._exit(code)
 
 
-def _die_with(parent: int) -> None:
-    """A cell that took over as head outlives its parent; re-arm the death signal once the zygote adopts it."""
+def _die_with(zygote: int, old_head: int | None = None) -> None:
+    """A cell that took over as head outlives its parent; re-arm the death signal once the zygote adopts it.
+    It waits for as long as the old head takes to exit (a loaded machine may take seconds), and exits if it is
+    adopted by anyone else (the zygote is gone)."""
     libc = confine.libc()
-    for _ in range(1000):
-        if os.getppid() == parent:
+    while True:
+        parent = os.getppid()
+        if parent == zygote:
             libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-            if os.getppid() == parent:
+            if os.getppid() == zygote:
                 return
+        elif parent != old_head:
+            os._exit(0)
         time.sleep(0.001)
-    os._exit(0)
 
 
 def _reap_strays(waitpid: Any) -> None:
@@ -125,9 +129,10 @@ def session_head_main(command_fd: int, status_fd: int, buffer: cell.OutputBuffer
             code = execute(request, buffer, namespace, **limits)
             if buffer.status() != cell.STATUS_OK:
                 os._exit(code)
+            old_head = os.getppid()
             write(takeover_w, b"T")
             os.close(takeover_w)
-            _die_with(zygote)  # adopted by the zygote once the old head is gone: dies with it from now on
+            _die_with(zygote, old_head)  # adopted by the zygote once the old head is gone: dies with it from now on
             write(status_fd, b"R\n")  # ready: the server may stop this head until the session's next call
             continue  # this fork is the new head, with the cell's state
         os.close(takeover_w)

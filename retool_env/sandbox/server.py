@@ -390,7 +390,9 @@ class Server:
                 with contextlib.suppress(OSError):
                     os.kill(head.pid, signal.SIGCONT)
                 await self._send(head.code_fd, request)
-                line = await asyncio.wait_for(session.status.readline(), max(0.0, deadline - time.perf_counter()) + 5)
+                line = b"R\n"
+                while line == b"R\n":  # the previous takeover's readiness report may come late on a loaded machine
+                    line = await asyncio.wait_for(session.status.readline(), max(0.0, deadline - time.perf_counter()) + 5)
                 cell_pid = int(line.split()[1])
                 # A quick cell may already have taken over, its head gone and the zygote its parent.
                 if not line.startswith(b"C ") or not self._is_cell(cell_pid, head, gone_ok=True):

@@ -161,8 +161,6 @@ class Zygote:
         record = self.records.pop(cid, None)
         if record is not None:
             self.lingering.append((cid, record))
-        if not self.layers.seccomp:
-            self._kill_strays()
         self._tidy()
 
     def _kill_strays(self) -> None:
@@ -180,12 +178,16 @@ class Zygote:
 
     def _tidy(self) -> None:
         """Kill what released calls left running; free their cgroup and uid once nothing of them remains."""
+        if not self.layers.seccomp:
+            self._kill_strays()  # a process that left its session is re-parented to us once its parent exits
         still = []
         for cid, record in self.lingering:
             # A single-use child cannot fork under seccomp: once reaped, nothing of it is left. Anything else: kill
-            # whatever is in the session it leads.
+            # whatever is in the session it leads, and in its cgroup (which a setsid() does not leave).
             cannot_fork = record.single_use and self.layers.seccomp
             left = not record.reaped if cannot_fork else confine.kill_session(record.pid)
+            if record.group is not None and not cannot_fork:
+                left += record.group.kill()
             if left or (record.group is not None and record.group.pids()):
                 still.append((cid, record))
                 continue
