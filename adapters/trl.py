@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import math
 from collections.abc import Callable, Coroutine, Iterator, Sequence
@@ -38,7 +39,7 @@ from retool_env.env import EMPTY_OUTPUT, load_tokenizer, shared_sandbox
 from retool_env.formats import CODE_INTERPRETER_TOOL, clip_tokens, strip_code_fences
 from retool_env.grading import Grade, grade
 from retool_env.rewards import EpisodeStats, get_reward_fn
-from retool_env.rollout import Generator, SamplingParams, run_episodes
+from retool_env.rollout import Generator, SamplingParams, derive_seed, run_episodes
 from retool_env.sandbox import Sandbox
 from retool_env.trajectory import ToolCallRecord, ToolStats, ToolStatus, Trajectory
 
@@ -108,6 +109,11 @@ class ReToolRollout:
     trainer's engine with another backend (an OpenAI-compatible server, say), whose weights are then the caller's to
     keep in sync.
 
+    `seeded` (the default) gives every episode its own sampling seed, derived from GRPOConfig's `seed`, the process
+    index, the step and the episode's place in the batch: a rerun samples the same tokens, however its requests were
+    batched (`SamplingParams.seed`; vLLM and HFGenerator both sample seeded requests independently of their batch).
+    `seeded=False` leaves sampling to the engine's own random state.
+
     An episode that fails (generator error, missing logprobs, `episode_timeout`) is never trained on: it comes back
     as one end token with `env_mask` 0 and `env_reward` None, which GRPO scores NaN and gives zero advantage.
     """
@@ -120,6 +126,7 @@ class ReToolRollout:
         concurrency: int = 256,
         episode_timeout: float | None = None,
         generator: Generator | None = None,
+        seeded: bool = True,
         **env_kwargs: Any,
     ) -> None:
         if not problems:
@@ -136,6 +143,8 @@ class ReToolRollout:
         self.concurrency = concurrency
         self.episode_timeout = episode_timeout
         self.generator = generator
+        self.seeded = seeded
+        self._seed_step, self._calls_this_step = -1, 0
         self.env_kwargs = env_kwargs
         self._server_client: Any = None  # a VLLMClient for ranks other than the main one (server mode)
         self._prompt_env: Any = None  # see _spare_env
@@ -145,11 +154,15 @@ class ReToolRollout:
         """Play one episode per prompt, in order, and return TRL's rollout fields plus the per-episode extras."""
         problems = [self.problem_for(prompt) for prompt in prompts]
         make_env = self._env_factory(trainer)
-        with self._generation_backend(trainer) as generator:
+        concurrency = max(1, min(self.concurrency, len(problems)))
+        sampling = sampling_from_config(trainer.args)
+        if self.seeded:
+            sampling = dataclasses.replace(sampling, seed=self._rollout_seed(trainer))
+        with self._generation_backend(trainer, concurrency) as generator:
             trajectories = run_sync(run_episodes(
                 problems, make_env, generator,
-                concurrency=max(1, min(self.concurrency, len(problems))),
-                sampling=sampling_from_config(trainer.args),
+                concurrency=concurrency,
+                sampling=sampling,
                 episode_timeout=self.episode_timeout,
                 require_logprobs=True,  # TRL's importance-sampling correction uses them: never invent them
                 progress=False,
@@ -160,6 +173,14 @@ class ReToolRollout:
         log_episode_metrics(trainer, trajectories)
         log_sandbox_metrics(trainer, self.env_kwargs.get("sandbox", "local"))
         return self.to_rollout_output(trajectories, problems, make_env)
+
+    def _rollout_seed(self, trainer: Any) -> int:
+        """This call's base seed, from GRPOConfig's `seed`, the process, the step and how many rollouts this step has
+        had (training and evaluation); episode i samples under base + i."""
+        step = trainer.state.global_step
+        self._calls_this_step = self._calls_this_step + 1 if self._seed_step == step else 0
+        self._seed_step = step
+        return derive_seed(trainer.args.seed, trainer.accelerator.process_index, step, self._calls_this_step)
 
     def problem_for(self, prompt: Any) -> Problem:
         """The problem a dataset prompt was made from (TRL passes the prompt alone)."""
@@ -222,7 +243,7 @@ class ReToolRollout:
 
     # ------------------------------------------------------------------------------------------- generation
     @contextlib.contextmanager
-    def _generation_backend(self, trainer: Any) -> Iterator[Generator]:
+    def _generation_backend(self, trainer: Any, concurrency: int) -> Iterator[Generator]:
         """The trainer's engine as a Generator, for the duration of one rollout."""
         args = trainer.args
         if self.generator is not None:
@@ -235,7 +256,7 @@ class ReToolRollout:
 
                 yield VLLMEngineGenerator(llm)
         else:
-            with _policy_generator(trainer) as generator:
+            with _policy_generator(trainer, max_batch_size=concurrency) as generator:
                 yield generator
 
     def _server_generator(self, trainer: Any) -> Generator:
@@ -279,7 +300,7 @@ def _colocated_engine(trainer: Any) -> Iterator[Any]:
 
 
 @contextlib.contextmanager
-def _policy_generator(trainer: Any) -> Iterator[Generator]:
+def _policy_generator(trainer: Any, max_batch_size: int) -> Iterator[Generator]:
     """Hugging Face `generate` on the policy itself, unwrapped (and gathered under ZeRO-3) as TRL's own path does."""
     from trl.models.utils import unwrap_model_for_generation
 
@@ -297,7 +318,8 @@ def _policy_generator(trainer: Any) -> Iterator[Generator]:
         try:
             # Eval mode (no dropout) while sampling; logprobs of the distribution sampled from, after temperature,
             # as TRL's policy logprobs and its vLLM engines' "processed_logprobs" are.
-            yield HFGenerator(model, trainer.processing_class, logprobs_mode="processed_logprobs")
+            yield HFGenerator(model, trainer.processing_class, logprobs_mode="processed_logprobs",
+                              max_batch_size=max_batch_size)
         finally:
             model.train(was_training)
 

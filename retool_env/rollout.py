@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -151,6 +152,12 @@ def progress_bar(total: int, desc: str, *, enabled: bool = True) -> tqdm:
     if not enabled or sys.stderr.isatty():
         return tqdm(total=total, desc=desc, disable=not enabled, dynamic_ncols=True)
     return tqdm(total=total, desc=desc, file=_Lines(sys.stderr), mininterval=30, ncols=100, ascii=True)
+
+
+def derive_seed(*parts: int | str) -> int:
+    """A seed that is a stable function of `parts` (a run's seed, a process, a step, ...): unrelated for distinct
+    parts, and below 2**62, so that episode i of a batch may sample under seed + i."""
+    return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "little") >> 2
 
 
 async def run_episodes(

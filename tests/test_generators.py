@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,6 +25,7 @@ from retool_adapters.generators import (
     OpenAICompletionsGenerator,
     TRLVLLMClientGenerator,
 )
+from retool_adapters.generators.hf import keyed_gumbel
 from retool_adapters.offline_models import build_tiny_qwen
 from retool_env.rollout import Generation, Generator, SamplingParams
 
@@ -247,7 +249,42 @@ def test_different_sampling_settings_run_in_separate_batches(hf, prompt, monkeyp
         )
 
     assert len(run(mixed())) == 4
-    assert sorted(calls) == [False, True, True]
+    assert sorted(calls) == [False, False, True]  # greedy, seeded (keyed noise, then argmax), sampled
+
+
+def test_keyed_gumbel_samples_the_softmax_and_is_a_function_of_seed_and_position():
+    logits = torch.tensor([0.0, 1.0, 2.0, -math.inf])
+    seeds = torch.arange(20_000, dtype=torch.int64)
+    noise = keyed_gumbel(seeds, torch.full_like(seeds, 5), 4)
+    counts = torch.bincount((logits + noise).argmax(-1), minlength=4) / len(seeds)
+    assert torch.allclose(counts, logits.softmax(-1), atol=0.015) and counts[3] == 0
+    assert torch.equal(keyed_gumbel(seeds[7:9], torch.tensor([5, 5]), 4), noise[7:9])  # rows alone = in a batch
+    assert not torch.equal(keyed_gumbel(seeds[:2], torch.tensor([6, 6]), 4), noise[:2])  # next position: new noise
+
+
+def test_seeded_requests_do_not_depend_on_their_batch(hf, prompt, monkeypatch):
+    """Seeded requests batch together, and each gets the same tokens and bit-identical logprobs alone, in any
+    grouping and in any order: the noise is keyed by (seed, position) and every batch has the same shapes."""
+    prompts = [prompt[: 3 + 5 * i] for i in range(6)]
+
+    def seeded(i):
+        return hf.generate(prompts[i], max_tokens=16, sampling=SamplingParams(temperature=1.0, seed=100 + i))
+
+    async def grouped(groups):
+        out = {}
+        for group in groups:
+            out.update(zip(group, await asyncio.gather(*(seeded(i) for i in group)), strict=True))
+        return [out[i] for i in range(len(prompts))]
+
+    calls = []
+    real_generate = hf.model.generate
+    monkeypatch.setattr(hf.model, "generate", lambda **kw: calls.append(len(kw["input_ids"])) or real_generate(**kw))
+    together = run(grouped([range(6)]))
+    assert len(calls) == 1  # one batch (every prompt is under 64 tokens: one padded width)
+    for groups in ([[i] for i in range(6)], [[5, 1], [3, 0, 4], [2]]):
+        assert [(g.token_ids, g.logprobs) for g in run(grouped(groups))] == \
+            [(g.token_ids, g.logprobs) for g in together]
+    assert len({tuple(g.token_ids) for g in together}) > 1
 
 
 def test_generation_leaves_the_event_loop_free(hf, prompt):

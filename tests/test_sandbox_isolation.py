@@ -247,7 +247,8 @@ print('returned')
     # never a hang, and a fresh session follows.
     forged = sandbox.run_sync("print('next')", session="fork-bomb", timeout=2)
     assert forged.status in ("ok", "error", "sandbox_error", "timeout"), forged
-    assert sandbox.run_sync("print('again')", session="fork-bomb").stdout == "again\n"
+    again = sandbox.run_sync("print('again')", session="fork-bomb")
+    assert again.stdout == "again\n", (result, forged, again)
     asyncio.run(sandbox.close_session("fork-bomb"))
 
 

@@ -72,11 +72,12 @@ def trainer_like(model, tokenizer, **config):
     """What ReToolRollout reads from a GRPOTrainer, around a real model and a real CPU Accelerator."""
     args = {"use_vllm": False, "vllm_mode": "colocate", "temperature": TEMPERATURE, "top_p": 1.0, "top_k": 0,
             "min_p": None, "repetition_penalty": 1.0, "max_completion_length": 128,
-            "ds3_gather_for_generation": True, "gradient_checkpointing_kwargs": None, **config}
+            "ds3_gather_for_generation": True, "gradient_checkpointing_kwargs": None, "seed": 42, **config}
     metrics = defaultdict(list)
     return types.SimpleNamespace(
         args=types.SimpleNamespace(**args), accelerator=Accelerator(cpu=True), model=model, model_wrapped=model,
         processing_class=tokenizer, eos_token_ids=[tokenizer.eos_token_id], metrics=metrics,
+        state=types.SimpleNamespace(global_step=0),
         _log_metric=lambda name, value: metrics[name].append(value),
     )
 
@@ -165,6 +166,28 @@ def test_rollout_returns_trl_fields_with_real_logprobs_and_env_mask(policy, prob
     assert env_reward([""] * 6, **{k: v for k, v in out.items() if k != "env_reward"},
                       env_reward=out["env_reward"]) == out["env_reward"]
     assert correctness([""] * 6, correct=out["correct"]) == [0.0] * 6
+
+
+def test_rollouts_are_seeded_by_the_config_seed_the_step_and_the_call(policy, problems):
+    """A rerun samples the same episodes; another seed, step or call of the same step samples others."""
+    model, tokenizer = policy
+    prompts = [p.question for p in problems for _ in range(4)]
+    hot = 4.0  # the taught policy is near-deterministic at its usual temperature
+
+    def completions(rollout, trainer):
+        return rollout(prompts, trainer)["completion_ids"]
+
+    trainer = trainer_like(model, tokenizer, temperature=hot)
+    first = ReToolRollout(problems, max_tool_calls=2)
+    at_step0 = completions(first, trainer)
+    again_at_step0 = completions(first, trainer)  # a second rollout in the same step (evaluation, say)
+    rerun = completions(ReToolRollout(problems, max_tool_calls=2), trainer_like(model, tokenizer, temperature=hot))
+    assert rerun == at_step0 != again_at_step0
+    other_seed = completions(ReToolRollout(problems, max_tool_calls=2),
+                             trainer_like(model, tokenizer, temperature=hot, seed=7))
+    assert other_seed != at_step0
+    trainer.state.global_step = 1
+    assert completions(first, trainer) not in (at_step0, again_at_step0)
 
 
 def test_failed_episode_is_a_masked_unscored_stand_in(policy, problems):

@@ -42,6 +42,7 @@ from pathlib import Path
 from miniature_report import criteria, level_rows, plot, write_report  # training/, the script's folder
 
 from retool_env.config import EnvConfig
+from retool_env.rollout import derive_seed
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -182,9 +183,10 @@ def run_grpo(args: Arguments, arm: str, model_dir: Path, problems: Path, out: Pa
     return out
 
 
-def evaluate_model(args: Arguments, arm: str, model_dir: Path, problems: list, out: Path,
+def evaluate_model(args: Arguments, arm: str, model_dir: Path, problems: list, out: Path, seed: int,
                    n_samples: int | None = None) -> dict:
-    """Sampled evaluation on held-out problems, per level (`retool_env.evaluation.evaluate`)."""
+    """Sampled evaluation on held-out problems, per level (`retool_env.evaluation.evaluate`), each sample under its
+    own seed (derived from `seed`), so its tokens do not depend on how the requests were batched."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from retool_adapters.generators import HFGenerator
@@ -194,7 +196,7 @@ def evaluate_model(args: Arguments, arm: str, model_dir: Path, problems: list, o
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32")
     return evaluate(problems, HFGenerator(model, tokenizer), tokenizer, n_samples=n_samples or args.eval_samples,
-                    sampling=SamplingParams(temperature=args.eval_temperature), out=out, concurrency=64, progress=True,
+                    sampling=SamplingParams(temperature=args.eval_temperature, seed=seed), out=out, concurrency=64, progress=True,
                     config={"model": str(model_dir), "backend": "hf", "dataset": "miniature test", "arm": arm,
                             "tool_format": "retool"},
                     **env_settings(args, arm))
@@ -270,7 +272,8 @@ def run_arm(args: Arguments, seed: int, arm: str, arm_dir: Path, init_dir: Path,
         print(f"\n== seed {seed} / {arm}: evaluate {stage} ==", flush=True)
         t0 = time.time()
         n_samples = 1 if stage == "before_sft" else None  # a random model: one sample shows it knows nothing
-        rows = level_rows(evaluate_model(args, arm, model_dir, test, arm_dir / f"eval-{stage}", n_samples))
+        rows = level_rows(evaluate_model(args, arm, model_dir, test, arm_dir / f"eval-{stage}",
+                                         derive_seed(seed, stage), n_samples))
         log({"seed": seed, "arm": arm, "event": "eval", "stage": stage, "step": step,
              "train_seconds": round(train_s, 1), "eval_seconds": round(time.time() - t0, 1), "levels": rows})
         return rows

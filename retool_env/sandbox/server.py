@@ -390,9 +390,7 @@ class Server:
                 with contextlib.suppress(OSError):
                     os.kill(head.pid, signal.SIGCONT)
                 await self._send(head.code_fd, request)
-                line = b"R\n"
-                while line == b"R\n":  # the previous takeover's readiness report may come late on a loaded machine
-                    line = await asyncio.wait_for(session.status.readline(), max(0.0, deadline - time.perf_counter()) + 5)
+                line = await asyncio.wait_for(session.status.readline(), max(0.0, deadline - time.perf_counter()) + 5)
                 cell_pid = int(line.split()[1])
                 # A quick cell may already have taken over, its head gone and the zygote its parent.
                 if not line.startswith(b"C ") or not self._is_cell(cell_pid, head, gone_ok=True):
@@ -412,8 +410,11 @@ class Server:
             if line == b"T\n" and self._is_cell(cell_pid, head):
                 exited = self.waiters[cell_pid] = asyncio.get_running_loop().create_future()  # the new head
                 session.head = Child(head.cid, cell_pid, head.code_fd, head.buffer, exited, sid=head.sid)
-                with contextlib.suppress(asyncio.TimeoutError):  # the new head is the zygote's and dies with it
-                    await asyncio.wait_for(session.status.readline(), 2.0)
+                # Ready once the old head has exited and the zygote adopted the new one, which dies with it from
+                # then on: a loaded machine may take seconds, so the wait is what is left of the call's time limit,
+                # plus 5 s, as for its first report. Without it the next call finds the session broken.
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(session.status.readline(), max(0.0, deadline - time.perf_counter()) + 5)
                 self._pause(session)
                 return self._result(session.head, (0, 0.0, False), request, duration, False)
             if line.startswith(b"X "):
