@@ -19,6 +19,7 @@ Tool use comes from `Trajectory.tool_stats` (see `tool_use`). With `out`, the ev
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import math
@@ -32,7 +33,7 @@ from retool_env.data import LEVELS
 from retool_env.env import make_env_factory
 from retool_env.grading import is_equivalent, normalize_answer
 from retool_env.rollout import SamplingParams, run_episodes
-from retool_env.trajectory import NOT_RUN, ToolStats, ToolStatus, Trajectory
+from retool_env.trajectory import NOT_RUN, ToolCallRecord, ToolStats, ToolStatus, Trajectory
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -99,31 +100,80 @@ def tool_use(trajectories: Sequence[Trajectory]) -> dict[str, float | None]:
 
 FAILED_RUNS = frozenset({ToolStatus.ERROR, ToolStatus.TIMEOUT, ToolStatus.MEMORY, ToolStatus.KILLED})
 
+# The counts `self_correction` reports; pooling groups (levels, seeds) means summing these, then `correction_rates`.
+CORRECTION_COUNTS = ("responses_with_failure", "recovered", "failures_followed", "fixed", "failed_calls",
+                     "wrong_output_calls")
+
+
+@functools.lru_cache(maxsize=65536)
+def _output_is_gold(output: str, gold: str) -> bool:
+    """Whether a call's last non-empty output line grades equal to the gold answer (cached: every call is graded
+    once overall and once for its level)."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    return bool(lines) and is_equivalent(lines[-1], gold)
+
+
+def _call_failed(call: ToolCallRecord, gold: str) -> bool:
+    """A call that ran and either ended in an error, timeout, memory limit or signal, or (with a gold answer) ran
+    `ok` but did not print the gold answer on its last non-empty line."""
+    if call.status in FAILED_RUNS:
+        return True
+    return bool(gold) and call.status == ToolStatus.OK and not _output_is_gold(call.output, gold)
+
+
+def binomial_stderr(part: int, whole: int) -> float | None:
+    """Standard error of the proportion part / whole, sqrt(p (1 - p) / n); None when whole is 0."""
+    if not whole:
+        return None
+    p = part / whole
+    return math.sqrt(p * (1 - p) / whole)
+
+
+def correction_rates(counts: dict[str, int]) -> dict[str, float | int | None]:
+    """`self_correction`'s rates and their standard errors from its counts, so pooled counts give pooled rates."""
+    out: dict[str, float | int | None] = {name: counts[name] for name in CORRECTION_COUNTS}
+    for rate, part, whole in (("recovered_rate", "recovered", "responses_with_failure"),
+                              ("fixed_rate", "fixed", "failures_followed")):
+        out[rate] = counts[part] / counts[whole] if counts[whole] else None
+        out[f"{rate}_stderr"] = binomial_stderr(counts[part], counts[whole])
+    return out
+
 
 def self_correction(trajectories: Sequence[Trajectory]) -> dict[str, float | int | None]:
     """How a model recovers when its code fails (the ReTool paper's headline behaviour), over responses (aborted
-    episodes excluded). A call failed when it ran and ended in an error, a timeout, the memory limit or a signal
-    (the executor's own failures, `sandbox_error`, do not count); code that ran but printed a wrong value cannot be
-    told apart here.
+    episodes excluded).
 
-    `responses_with_failure`: responses with at least one failed call; `recovered_rate`: of those, the share that
-    still ended correct; `fixed_rate`: of failed calls that the model followed with another call in the same response,
-    the share whose next call ran to the end (`ok`).
+    A call failed when it ran and either ended in an error, a timeout, the memory limit or a signal, or ran `ok`
+    but its output is wrong: the last non-empty line of what it printed (as the model was shown it) does not grade
+    equal to the trajectory's gold answer (`retool_env.grading.is_equivalent`). The last line, not all of stdout,
+    because code that shows its work prints the result last. This suits code that computes the answer (the
+    miniature's); code that prints an intermediate value counts as wrong. A trajectory without a gold answer
+    (`gold == ""`) falls back to errors only. The executor's own failures (`sandbox_error`) never count.
+
+    `responses_with_failure`: responses with at least one failed call; `recovered` / `recovered_rate`: of those, the
+    ones that still ended correct; `failures_followed`: failed calls the model followed with another call that ran,
+    in the same response; `fixed` / `fixed_rate`: of those, the ones whose next call succeeded (ran `ok` with a right
+    output); `failed_calls` and `wrong_output_calls`: every failed call, and those that ran `ok`. `*_stderr`: the
+    binomial standard error sqrt(p (1 - p) / n) of a rate. Pool groups by summing `CORRECTION_COUNTS` and calling
+    `correction_rates`.
     """
-    done = [t for t in trajectories if not t.aborted]
-    failing = [t for t in done if any(c.status in FAILED_RUNS for c in t.tool_calls)]
-    followed = fixed = 0
-    for t in failing:
+    counts = dict.fromkeys(CORRECTION_COUNTS, 0)
+    for t in trajectories:
+        if t.aborted:
+            continue
         ran = [c for c in t.tool_calls if c.status not in NOT_RUN]
-        for call, after in itertools.pairwise(ran):
-            if call.status in FAILED_RUNS:
-                followed += 1
-                fixed += after.status == ToolStatus.OK
-    return {
-        "responses_with_failure": len(failing),
-        "recovered_rate": sum(bool(t.correct) for t in failing) / len(failing) if failing else None,
-        "fixed_rate": fixed / followed if followed else None,
-    }
+        failed = [_call_failed(c, t.gold) for c in ran]
+        if not any(failed):
+            continue
+        counts["responses_with_failure"] += 1
+        counts["recovered"] += bool(t.correct)
+        counts["failed_calls"] += sum(failed)
+        counts["wrong_output_calls"] += sum(f and c.status == ToolStatus.OK for c, f in zip(ran, failed, strict=True))
+        for (call_failed, next_failed), after in zip(itertools.pairwise(failed), ran[1:], strict=True):
+            if call_failed:
+                counts["failures_followed"] += 1
+                counts["fixed"] += after.status == ToolStatus.OK and not next_failed
+    return correction_rates(counts)
 
 
 def _stderr(values: Sequence[float]) -> float | None:

@@ -200,5 +200,28 @@ def test_self_correction_counts_recoveries_and_fixes():
     assert stats["responses_with_failure"] == 3
     assert stats["recovered_rate"] == pytest.approx(2 / 3)
     assert stats["fixed_rate"] == pytest.approx(1 / 2)  # error -> ok fixed; timeout -> error not
-    assert self_correction([episode(["ok"], True)]) == {"responses_with_failure": 0, "recovered_rate": None,
-                                                        "fixed_rate": None}
+    assert stats["recovered_rate_stderr"] == pytest.approx(math.sqrt(2 / 3 * 1 / 3 / 3))
+    assert stats["fixed_rate_stderr"] == pytest.approx(0.5 / math.sqrt(2))
+    clean = self_correction([episode(["ok"], True)])  # no gold here: errors only, so an `ok` call never fails
+    assert clean["responses_with_failure"] == 0 and clean["recovered_rate"] is clean["fixed_rate_stderr"] is None
+
+
+def test_self_correction_counts_a_call_that_printed_a_wrong_value_as_failed():
+    from retool_env.evaluation import self_correction
+    from retool_env.trajectory import ToolCallRecord, Trajectory
+
+    def episode(calls: list[tuple[str, str]], correct: bool) -> Trajectory:
+        records = [ToolCallRecord("code", output, status, turn=i) for i, (status, output) in enumerate(calls)]
+        return Trajectory(prompt_ids=[1], gold="42", tool_calls=records, correct=correct, finish_reason="answer")
+
+    trajectories = [
+        episode([("ok", "41"), ("ok", "working...\n42\n")], True),  # wrong value, then the gold on the last line
+        episode([("ok", "42.0")], True),  # graded equal to the gold: no failure
+        episode([("error", "NameError"), ("ok", "7")], False),  # fixed the error, but printed a wrong value
+        episode([("ok", "42\ndone")], False),  # the last line is what counts
+    ]
+    stats = self_correction(trajectories)
+    assert stats["responses_with_failure"] == 3 and stats["recovered"] == 1
+    assert stats["failed_calls"] == 4 and stats["wrong_output_calls"] == 3
+    assert stats["failures_followed"] == 2 and stats["fixed"] == 1 and stats["fixed_rate"] == pytest.approx(1 / 2)
+    assert stats["recovered_rate"] == pytest.approx(1 / 3)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +26,7 @@ def test_miniature_smoke_writes_run_folder(tmp_path):
                    check=True, timeout=600)
 
     for name in ("metrics.jsonl", "report.md", "summary.json", "accuracy.png", "code_use.png", "rl_curves.png",
-                 "heldout.png"):
+                 "heldout.png", "self_correction.png"):
         assert (out / name).stat().st_size > 0, name
 
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -39,6 +41,8 @@ def test_miniature_smoke_writes_run_folder(tmp_path):
         for row in levels.values():
             assert 0.0 <= row["accuracy"] <= 1.0
             assert row["code_use"] is None or 0.0 <= row["code_use"] <= 1.0
+            correction = row["self_correction"]  # every level, `hard` pooled from the hard levels' counts
+            assert correction["responses_with_failure"] >= correction["recovered"] >= 0
         if record["arm"] == "text":  # no interpreter: no episode of the text arm ever runs code
             assert not levels["all"]["code_use"]
     steps = [r for r in records if r["event"] == "rl_step"]
@@ -72,6 +76,7 @@ def test_miniature_smoke_writes_run_folder(tmp_path):
     report = (out / "report.md").read_text()
     assert "## Arm `tool`" in report and "## Arm `text`" in report and "## Targets" in report
     assert "## Held-out evaluation during RL" in report
+    assert "## Self-correction\n" in report and "Over seeds" in report and "recovered rate after RL" in report
     for arm in ("tool", "text"):
         assert (out / "seed0" / arm / "grpo" / "trainer_state.json").exists()
 
@@ -98,32 +103,44 @@ def test_stability_is_the_final_shortfall_from_the_best_of_the_last_30_steps():
 def test_criteria_judge_one_seed_against_the_issue_targets():
     criteria = miniature_script().criteria
 
-    def rows(acc, code, with_tool, hard_acc, hard_code, easy_acc, easy_code):
+    def rows(acc, code, with_tool, hard_acc, hard_code, easy_acc, easy_code, recovered=None):
         return {"all": {"accuracy": acc, "accuracy_with_tool": with_tool},
-                "hard": {"accuracy": hard_acc, "code_use": hard_code},
+                "hard": {"accuracy": hard_acc, "code_use": hard_code, "self_correction": recovered},
                 "easy": {"accuracy": easy_acc, "code_use": easy_code}}
 
-    result = {"tool": {"after_sft": rows(0.5, 0.6, 0.7, 0.4, 0.6, 0.9, 0.3),
-                       "after_rl": rows(0.93, 0.8, 0.92, 0.92, 0.99, 0.97, 0.05)},
+    result = {"tool": {"after_sft": rows(0.5, 0.6, 0.7, 0.4, 0.6, 0.9, 0.3, correction(4, 1)),
+                       "after_rl": rows(0.93, 0.8, 0.92, 0.92, 0.99, 0.97, 0.05, correction(10, 8))},
               "text": {"after_sft": rows(0.05, 0.0, None, 0.0, 0.0, 0.2, 0.0),
                        "after_rl": rows(0.06, 0.0, None, 0.01, 0.0, 0.25, 0.0)},
               "heldout": {"tool": heldout([(0, 0.5), (30, 0.9), (60, 0.93)])}}
     verdicts = {name: (value, met) for name, value, met in criteria(result)}
     assert all(met for _, met in verdicts.values()), verdicts
     assert verdicts["all: accuracy RL - SFT >= +0.30"][0] == pytest.approx(0.43)
+    assert verdicts["hard: self-correction RL - SFT > 0"][0] == pytest.approx(0.8 - 0.25)
 
     result["tool"]["after_rl"]["easy"]["code_use"] = 0.9  # "always call": not strategic
     result["text"]["after_rl"]["easy"]["accuracy"] = 0.0
     failed = {name for name, _, met in criteria(result) if not met}
     assert failed == {"easy: code use after RL <= 0.30", "easy: text RL accuracy > 0"}
 
+    result["tool"]["after_sft"]["hard"]["self_correction"] = correction(0, 0)  # nothing failed after SFT: unknown
+    assert ("hard: self-correction RL - SFT > 0", None, None) in criteria(result)
+
+
+def correction(failing, recovered, followed=0, fixed=0):
+    """`self_correction` of an evaluation with these counts."""
+    from retool_env.evaluation import correction_rates
+
+    return correction_rates({"responses_with_failure": failing, "recovered": recovered, "failures_followed": followed,
+                             "fixed": fixed, "failed_calls": failing + followed, "wrong_output_calls": 0})
+
 
 def test_hard_row_pools_levels_by_problem_count_with_its_standard_error():
     level_rows = miniature_script().level_rows
 
-    def summary(acc, stderr, problems, code=1.0):
+    def summary(acc, stderr, problems, code=1.0, failing=(0, 0)):
         return {"mean@4": acc, "mean@4_stderr": stderr, "num_problems": problems, "mean_completion_tokens": 30.0,
-                "tools": {"code_ratio": code, "accuracy_with_tool": acc}}
+                "tools": {"code_ratio": code, "accuracy_with_tool": acc}, "self_correction": correction(*failing)}
 
     metrics = {"n_samples": 4, **summary(0.7, 0.03, 60, 0.8),
                "by_level": {"easy": summary(1.0, 0.0, 20, 0.0), "multiply": summary(0.9, 0.04, 10),
@@ -134,6 +151,50 @@ def test_hard_row_pools_levels_by_problem_count_with_its_standard_error():
     assert rows["hard"]["code_use"] == 1.0 and rows["all"]["accuracy_stderr"] == 0.03
     metrics["by_level"]["multiply"]["mean@4_stderr"] = None  # one problem: its spread is unknown, so is the pool's
     assert level_rows(metrics)["hard"]["accuracy_stderr"] is None
+
+
+def test_hard_row_pools_self_correction_counts_not_rates():
+    level_rows = miniature_script().level_rows
+
+    def summary(failing, recovered, followed, fixed):
+        return {"mean@4": 0.5, "mean@4_stderr": 0.1, "num_problems": 10, "mean_completion_tokens": 30.0,
+                "tools": {"code_ratio": 1.0, "accuracy_with_tool": 0.5},
+                "self_correction": correction(failing, recovered, followed, fixed)}
+
+    # multiply: 1 of 2 failing responses recovered; digitsum: 7 of 8. Averaging rates would give 0.69.
+    metrics = {"n_samples": 4, **summary(10, 8, 6, 3),
+               "by_level": {"easy": summary(0, 0, 0, 0), "multiply": summary(2, 1, 2, 0),
+                            "digitsum": summary(8, 7, 4, 3)}}
+    hard = level_rows(metrics)["hard"]["self_correction"]
+    assert hard["responses_with_failure"] == 10 and hard["recovered_rate"] == pytest.approx(0.8)
+    assert hard["recovered_rate_stderr"] == pytest.approx(math.sqrt(0.8 * 0.2 / 10))
+    assert hard["fixed_rate"] == pytest.approx(3 / 6)
+    del metrics["by_level"]["multiply"]["self_correction"]  # metrics from before self-correction was measured
+    assert level_rows(metrics)["hard"]["self_correction"] is None
+
+
+def test_seed_summary_gives_mean_spread_worst_seed_and_seeds_met():
+    report = miniature_script()
+
+    def result(seed, hard_code, easy_code, sft_recovered):
+        rows = {"all": {"accuracy": 0.9, "accuracy_with_tool": 0.9},
+                "hard": {"accuracy": 0.95, "code_use": hard_code, "self_correction": correction(10, 9)},
+                "easy": {"accuracy": 0.95, "code_use": easy_code}}
+        sft = {**rows, "all": {"accuracy": 0.1, "accuracy_with_tool": 0.1},
+               "hard": {**rows["hard"], "self_correction": correction(*sft_recovered)}}
+        return {"seed": seed, "tool": {"after_sft": sft, "after_rl": rows}, "heldout": {}}
+
+    results = [result(3, 0.99, 0.1, (10, 5)), result(4, 0.90, 0.4, (10, 9)), result(5, 0.97, 0.2, (0, 0))]
+    summary = {t["target"]: t for t in report.seed_summary(results)}
+    code = summary["hard: code use after RL >= 0.95"]
+    assert code["mean"] == pytest.approx((0.99 + 0.90 + 0.97) / 3)
+    assert code["sd"] == pytest.approx(statistics.stdev([0.99, 0.90, 0.97]))
+    assert (code["worst_seed"], code["worst_value"], code["met"], code["seeds"]) == (4, 0.90, 2, 3)
+    easy = summary["easy: code use after RL <= 0.30"]  # lower is better: the worst seed has the most code use
+    assert (easy["worst_seed"], easy["worst_value"], easy["met"]) == (4, 0.4, 2)
+    gain = summary["hard: self-correction RL - SFT > 0"]  # seed 5 had no failure after SFT: left out, not met
+    assert gain["mean"] == pytest.approx((0.4 + 0.0) / 2) and gain["worst_seed"] == 4 and gain["met"] == 1
+    assert summary["tool RL: held-out accuracy drop over the last 30 steps <= 0.05"]["worst_seed"] is None
 
 
 def test_report_reads_jsonl_whose_text_holds_unicode_line_separators(tmp_path):

@@ -12,29 +12,40 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from retool_env.evaluation import CORRECTION_COUNTS, correction_rates
+
 
 def level_rows(metrics: dict) -> dict[str, dict]:
     """Per level (and `all`, and `hard`: every level but `easy`, pooled): accuracy, code use, accuracy when the
-    tool is called, problems."""
+    tool is called, problems, self-correction (`retool_env.evaluation.self_correction`; None in metrics from before
+    it was measured)."""
     mean_at_n = f"mean@{metrics['n_samples']}"
 
     def row(m: dict) -> dict:
         return {"accuracy": m[mean_at_n], "accuracy_stderr": m.get(f"{mean_at_n}_stderr"),
                 "code_use": m["tools"]["code_ratio"],
                 "accuracy_with_tool": m["tools"]["accuracy_with_tool"], "problems": m["num_problems"],
-                "completion_tokens": m["mean_completion_tokens"]}
+                "completion_tokens": m["mean_completion_tokens"], "self_correction": m.get("self_correction")}
 
     rows = {level: row(m) for level, m in metrics["by_level"].items()}
     rows["all"] = row(metrics)
     hard = [row for level, row in rows.items() if level not in ("easy", "all")]
     n = sum(r["problems"] for r in hard)
     stderrs = [r["accuracy_stderr"] for r in hard]
+    corrections = [r["self_correction"] for r in hard]
     rows["hard"] = {"accuracy": sum(r["accuracy"] * r["problems"] for r in hard) / n,
                     "accuracy_stderr": None if None in stderrs else  # levels are independent samples
                     math.sqrt(sum((r["problems"] / n * se) ** 2 for r, se in zip(hard, stderrs, strict=True))),
                     "code_use": sum((r["code_use"] or 0) * r["problems"] for r in hard) / n,
-                    "problems": n}
+                    "problems": n,
+                    "self_correction": None if None in corrections else pooled_correction(corrections)}
     return rows
+
+
+def pooled_correction(groups: list[dict]) -> dict:
+    """Self-correction of several groups together: their counts summed, the rates recomputed (not averaged), so a
+    level with few failing responses weighs little."""
+    return correction_rates({name: sum(g[name] for g in groups) for name in CORRECTION_COUNTS})
 
 
 def drop_over_last(heldout: list[dict], window: int = 30) -> float | None:
@@ -45,6 +56,16 @@ def drop_over_last(heldout: list[dict], window: int = 30) -> float | None:
         return None
     return max(p["levels"]["all"]["accuracy"] for p in heldout if p["step"] >= last - window) - \
         heldout[-1]["levels"]["all"]["accuracy"]
+
+
+def recovery_gain(result: dict) -> tuple[float | None, float | None]:
+    """The tool arm's recovered rate on the hard levels after RL minus after SFT, and its standard error (the two
+    evaluations are independent samples); (None, None) when either stage has no failing response."""
+    stages = [(result["tool"][stage]["hard"].get("self_correction") or {}) for stage in ("after_sft", "after_rl")]
+    rates = [s.get("recovered_rate") for s in stages]
+    if None in rates:
+        return None, None
+    return rates[1] - rates[0], math.hypot(*(s["recovered_rate_stderr"] for s in stages))
 
 
 def criteria(result: dict) -> list[tuple[str, float | None, bool | None]]:
@@ -69,6 +90,8 @@ def criteria(result: dict) -> list[tuple[str, float | None, bool | None]]:
         check("all: accuracy RL - SFT >= +0.30", gain, gain >= 0.30)
         drop = drop_over_last(result.get("heldout", {}).get("tool", []))
         check("tool RL: held-out accuracy drop over the last 30 steps <= 0.05", drop, drop is not None and drop <= 0.05)
+        gain, _ = recovery_gain(result)
+        check("hard: self-correction RL - SFT > 0", gain, gain is not None and gain > 0)
     if tool and text:
         gap = tool["after_rl"]["hard"]["accuracy"] - text["after_rl"]["hard"]["accuracy"]
         check("hard: tool RL - text RL >= +0.50", gap, gap >= 0.50)
@@ -81,20 +104,77 @@ def _fmt(value) -> str:
     return "-" if value is None else f"{value:.2f}" if isinstance(value, float) else str(value)
 
 
+STAGES = ("before_sft", "after_sft", "after_rl")
+
+
 def level_table(results: list[dict], arm: str) -> list[str]:
     """Markdown rows: per level, accuracy / code use (mean, and spread over seeds) at each stage."""
     levels = list(results[0][arm]["after_rl"])
-    stages = ("before_sft", "after_sft", "after_rl")
-    lines = ["| level | " + " | ".join(f"{s} acc | {s} code" for s in stages) + " | after_rl acc w/ tool |",
-             "|---|" + "---|---|" * len(stages) + "---|"]
+    lines = ["| level | " + " | ".join(f"{s} acc | {s} code" for s in STAGES) + " | after_rl acc w/ tool |",
+             "|---|" + "---|---|" * len(STAGES) + "---|"]
     for level in levels:
         cells = [level]
-        for stage in stages:
+        for stage in STAGES:
             for key in ("accuracy", "code_use"):
                 cells.append(spread([r[arm][stage][level].get(key) for r in results]))
         cells.append(spread([r[arm]["after_rl"][level].get("accuracy_with_tool") for r in results]))
         lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+def correction_table(results: list[dict], arm: str) -> list[str]:
+    """Markdown rows: per level, the recovered and fixed rates (mean ± sd over seeds) at each stage; n counts the
+    responses with a failed call, summed over seeds, which the rates are shares of."""
+    lines = ["| level | " + " | ".join(f"{s} recovered (n) | {s} fixed" for s in STAGES) + " |",
+             "|---|" + "---|---|" * len(STAGES)]
+    for level in results[0][arm]["after_rl"]:
+        cells = [level]
+        for stage in STAGES:
+            found = [r[arm][stage][level].get("self_correction") or {} for r in results]
+            n = sum(c.get("responses_with_failure") or 0 for c in found)
+            cells += [f"{spread([c.get('recovered_rate') for c in found])} (n={n})",
+                      spread([c.get("fixed_rate") for c in found])]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def recovery_gain_line(results: list[dict]) -> str:
+    """The hard levels' recovered rate after RL minus after SFT (tool arm): per seed with its standard error, and
+    the mean over seeds with the standard error of that mean across seeds."""
+    gains = [(r["seed"], *recovery_gain(r)) for r in results]
+    per_seed = ", ".join(f"seed {seed} {_signed(gain)} ± {_fmt(se)}" for seed, gain, se in gains)
+    values = [gain for _, gain, _ in gains if gain is not None]
+    mean = statistics.mean(values) if values else None
+    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) >= 2 else None
+    return (f"Hard levels, recovered rate after RL - after SFT (tool arm): {per_seed}; mean over "
+            f"{len(values)} seed(s) {_signed(mean)} ± {_fmt(se)}.")
+
+
+def _signed(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.2f}"
+
+
+def _higher_is_better(target: str) -> bool:
+    """Each target states its direction in its name (`>=`, `>` or `<=`)."""
+    return "<=" not in target
+
+
+def seed_summary(results: list[dict]) -> list[dict]:
+    """Per target, across seeds: mean and standard deviation of the measured value, the worst seed (lowest value,
+    or highest for a `<=` target) and how many seeds met it; seeds where the value is unknown are left out of the
+    statistics but not of `seeds`."""
+    table = [criteria(r) for r in results]
+    summary = []
+    for i, (name, _, _) in enumerate(table[0]):
+        measured = [(r["seed"], t[i][1]) for r, t in zip(results, table, strict=True) if t[i][1] is not None]
+        values = [v for _, v in measured]
+        pick = min if _higher_is_better(name) else max
+        worst = pick(measured, key=lambda sv: sv[1]) if measured else (None, None)
+        summary.append({"target": name, "mean": statistics.mean(values) if values else None,
+                        "sd": statistics.stdev(values) if len(values) >= 2 else None,
+                        "worst_seed": worst[0], "worst_value": worst[1],
+                        "met": sum(bool(t[i][2]) for t in table), "seeds": len(results)})
+    return summary
 
 
 def heldout_table(results: list[dict]) -> list[str]:
@@ -173,16 +253,47 @@ def write_report(args: Any, out: Path, results: list[dict], wall_s: float) -> No
     for i, (name, _, _) in enumerate(table[0]):
         cells = [f"{_fmt(t[i][1])} {'met' if t[i][2] else 'not met' if t[i][2] is False else 'n/a'}" for t in table]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "Over seeds (worst: the lowest value, or the highest for a `<=` target):", "",
+              "| target | mean | sd | worst seed | seeds met |", "|---|---|---|---|---|"]
+    for t in seed_summary(results):
+        worst = "-" if t["worst_seed"] is None else f"seed {t['worst_seed']}: {_fmt(t['worst_value'])}"
+        lines.append(f"| {t['target']} | {_fmt(t['mean'])} | {_fmt(t['sd'])} | {worst} | {t['met']}/{t['seeds']} |")
     if all("tool" in r for r in results):
         noise = ", ".join(f"seed {r['seed']} hard ± {_fmt(r['tool']['after_rl']['hard']['accuracy_stderr'])} / all ± "
                           f"{_fmt(r['tool']['after_rl']['all']['accuracy_stderr'])}" for r in results)
         lines += ["", f"Standard error over problems of the tool arm's accuracy after RL: {noise}."]
     lines += ["", "Held-out accuracy drop: how far the final accuracy lies below the best checkpoint of the last 30 "
-              "RL steps (n/a when the run is shorter).", "", *heldout_table(results), "",
-              "## Self-correction in evaluation samples", ""]
+              "RL steps (n/a when the run is shorter).", "", *heldout_table(results), "", "## Self-correction", "",
+              "Of the responses with a failed tool call (an error, timeout, memory limit or signal, or code that ran "
+              "but whose last printed line is not the gold answer), the share that still ended correct "
+              "(recovered), and of failed calls followed by another, the share whose next call ran and printed the "
+              "gold answer (fixed); mean ± sd over seeds.", ""]
+    for arm in args.arms.split(","):
+        if any((r[arm][s]["all"].get("self_correction") or {}).get("responses_with_failure")
+               for r in results for s in STAGES):
+            lines += [f"Arm `{arm}`:", "", *correction_table(results, arm), ""]
+        else:
+            lines += [f"Arm `{arm}`: no failed tool call in any evaluation.", ""]
+    if all("tool" in r for r in results):
+        lines += [recovery_gain_line(results), ""]
+    lines += ["## Self-correction in evaluation samples", ""]
     lines += self_correction_samples(out) or ["(none found)"]
     lines += ["", "## Settings", "", "```json", json.dumps(asdict(args), indent=2), "```", ""]
     (out / "report.md").write_text("\n".join(lines))
+
+
+def _stage_bars(ax: Any, results: list[dict], arm: str, levels: list[str], value: Any) -> None:
+    """Bars per level, one per stage: `value(row)` averaged over seeds (0 where no seed measured it)."""
+    width = 0.8 / len(STAGES)
+    for j, stage in enumerate(STAGES):
+        means = []
+        for level in levels:
+            found = [v for r in results if (v := value(r[arm][stage][level])) is not None]
+            means.append(statistics.mean(found) if found else 0.0)
+        ax.bar([i + j * width for i in range(len(levels))], means, width, label=stage)
+    ax.set_xticks([i + width for i in range(len(levels))], levels, rotation=30, ha="right")
+    ax.set_ylim(0, 1.05)
+    ax.legend()
 
 
 def plot(out: Path, results: list[dict], arms: list[str]) -> None:
@@ -191,21 +302,21 @@ def plot(out: Path, results: list[dict], arms: list[str]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    stages = ("before_sft", "after_sft", "after_rl")
+    levels = list(results[0][arms[0]]["after_rl"])
     for key, name in (("accuracy", "accuracy"), ("code_use", "code_use")):
-        levels = list(results[0][arms[0]]["after_rl"])
         fig, axes = plt.subplots(1, len(arms), figsize=(6 * len(arms), 4), squeeze=False)
         for ax, arm in zip(axes[0], arms, strict=True):
-            width = 0.8 / len(stages)
-            for j, stage in enumerate(stages):
-                values = [statistics.mean([r[arm][stage][lv].get(key) or 0.0 for r in results]) for lv in levels]
-                ax.bar([i + j * width for i in range(len(levels))], values, width, label=stage)
-            ax.set_xticks([i + width for i in range(len(levels))], levels, rotation=30, ha="right")
-            ax.set_ylim(0, 1.05)
+            _stage_bars(ax, results, arm, levels, lambda row, key=key: row.get(key))
             ax.set_title(f"{arm} arm: {name.replace('_', ' ')} per level")
-            ax.legend()
         fig.tight_layout()
         fig.savefig(out / f"{name}.png", dpi=110)
+        plt.close(fig)
+    if "tool" in arms:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        _stage_bars(ax, results, "tool", levels, lambda row: (row.get("self_correction") or {}).get("recovered_rate"))
+        ax.set_title("tool arm: recovered after a failed call, per level")
+        fig.tight_layout()
+        fig.savefig(out / "self_correction.png", dpi=110)
         plt.close(fig)
     heldout_keys = (("accuracy", "held-out accuracy"), ("code_use", "held-out code use"))
     fig, axes = plt.subplots(1, len(heldout_keys) + 1, figsize=(5 * (len(heldout_keys) + 1), 3.8))
