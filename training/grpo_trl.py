@@ -54,6 +54,9 @@ class EnvArguments(EnvConfig):
     concurrency: int = field(default=256, metadata={"help": "Episodes run at once per process."})
     episode_timeout: float | None = field(default=None, metadata={
         "help": "Seconds an episode may take; a slower one is dropped from training (zero advantage, no loss)."})
+    skip_steps_without_signal: bool = field(default=False, metadata={
+        "help": "Skip the optimizer step when every group's rewards are equal (the gradient is zero, yet Adam's "
+                "momentum would move the weights): retool_adapters.trl_callbacks.SkipStepsWithoutSignal."})
 
 
 def main(env_args: EnvArguments, training_args, model_args) -> None:
@@ -62,6 +65,7 @@ def main(env_args: EnvArguments, training_args, model_args) -> None:
 
     from retool_adapters.scripts import load_tokenizer
     from retool_adapters.trl import REWARD_FUNCS, REWARD_WEIGHTS, ReToolRollout, problems_to_dataset
+    from retool_adapters.trl_callbacks import SkipStepsWithoutSignal
     from retool_env.data import load_problems
 
     # 1. The policy. Without a model, build a tiny random Qwen2 (offline, seconds) so the script runs anywhere.
@@ -105,6 +109,7 @@ def main(env_args: EnvArguments, training_args, model_args) -> None:
         quantization_config=get_quantization_config(model_args),
         peft_config=get_peft_config(model_args),
         rollout_func=rollout,
+        callbacks=[SkipStepsWithoutSignal()] if env_args.skip_steps_without_signal else None,
     )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
 

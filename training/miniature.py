@@ -89,6 +89,8 @@ class Arguments:
     num_generations: int = field(default=8, metadata={"help": "Episodes per problem (the GRPO group)."})
     rl_learning_rate: float = field(default=3e-4, metadata={"help": "GRPO peak learning rate (linear decay to 0)."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of RL rollouts."})
+    skip_steps_without_signal: bool = field(default=True, metadata={"help": "Skip GRPO steps whose groups all "
+                                                                             "have equal rewards (see grpo_trl.py)."})
     scale_rewards: str = field(default="batch", metadata={"help": "GRPO advantage scaling (TRL's): batch, group or "
                                                                    "none. Scaled per group, the shaping's +0.05 for a "
                                                                    "second failed call becomes a full advantage where "
@@ -172,6 +174,7 @@ def run_grpo(args: Arguments, arm: str, model_dir: Path, problems: Path, out: Pa
         "max_steps": args.rl_steps, "per_device_train_batch_size": args.rl_prompts_per_step * args.num_generations,
         "num_generations": args.num_generations, "max_completion_length": env.max_completion_tokens,
         "temperature": args.temperature, "learning_rate": args.rl_learning_rate, "lr_scheduler_type": "linear",
+        "skip_steps_without_signal": args.skip_steps_without_signal,
         "beta": 0.0, "scale_rewards": args.scale_rewards, "epsilon": 0.2, "epsilon_high": 0.28,
         "logging_steps": 1, "report_to": "none",
         "save_strategy": "steps", "save_steps": args.eval_every, "save_only_model": True,  # held-out curve
