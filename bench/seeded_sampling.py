@@ -43,6 +43,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=64, help="Episodes in flight (and max_batch_size)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--pad_multiple", type=int, default=64, help="HFGenerator's pad_multiple (seeded requests)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "seeded_sampling.json"))
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -57,7 +58,8 @@ def main() -> None:
     tokens: dict[str, list[float]] = {"unseeded": [], "seeded": []}
     for _ in range(args.repeats):
         for name, seed in (("unseeded", None), ("seeded", 0)):
-            generator = HFGenerator.from_pretrained(model_dir, max_batch_size=args.concurrency)
+            generator = HFGenerator.from_pretrained(model_dir, max_batch_size=args.concurrency,
+                                                    pad_multiple=args.pad_multiple)
             start = time.perf_counter()
             metrics = evaluate(problems, generator, generator.tokenizer, n_samples=args.samples,
                                sampling=SamplingParams(temperature=1.0, seed=seed), concurrency=args.concurrency,
@@ -67,7 +69,7 @@ def main() -> None:
             tokens[name].append(metrics["mean_completion_tokens"])
     result = {
         "command": " ".join(sys.argv), "machine": f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}",
-        "episodes": len(problems) * args.samples, "concurrency": args.concurrency,
+        "episodes": len(problems) * args.samples, "concurrency": args.concurrency, "pad_multiple": args.pad_multiple,
         "seconds": timings, "accuracy": accuracy, "mean_completion_tokens": tokens,
         "median_seconds": {k: statistics.median(v) for k, v in timings.items()},
         "seeded_over_unseeded": statistics.median(timings["seeded"]) / statistics.median(timings["unseeded"]),

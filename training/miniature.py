@@ -22,9 +22,14 @@ model this small reaches long before its samples are reliable. Two arms share mo
 
 Writes `runs/miniature-<timestamp>/` (or `--out`): `metrics.jsonl` (every evaluation per level, every RL step),
 `report.md` (per-level tables before SFT, after SFT and after RL for both arms, held-out results against RL steps,
-the targets, self-correcting trajectories), `summary.json`, plots (`accuracy.png`, `code_use.png`, `heldout.png`,
-`rl_curves.png`), and per seed and arm the
-data, the SFT and GRPO models and configs, their logs and the evaluations' per-problem samples.
+the targets per seed and over seeds, self-correction), `summary.json`, plots (`accuracy.png`, `code_use.png`,
+`self_correction.png`, `heldout.png`, `rl_curves.png`), and per seed and arm the data, the SFT and GRPO models and
+configs, their logs and the evaluations' per-problem samples.
+
+Everything random derives from `--seed`: problems, cold-start kinds and typos, tokenizer and weights, SFT order, GRPO
+rollouts (`ReToolRollout` seeds each episode from GRPOConfig's seed and the step) and evaluation samples (each its own
+seed, from the seed and the stage). Seeded requests sample the same tokens however they are batched (keyed noise and
+fixed shapes in `HFGenerator`), so two runs of one command on one machine give identical metrics.
 """
 
 from __future__ import annotations
