@@ -104,9 +104,9 @@ class FaultyRollout(ReToolRollout):
         self.outputs: list[dict] = []
 
     @contextlib.contextmanager
-    def _generation_backend(self, trainer):
+    def _generation_backend(self, trainer, concurrency):
         prompt_ids = self._prompt_ids(self.failing, self._env_factory(trainer))
-        with super()._generation_backend(trainer) as generator:
+        with super()._generation_backend(trainer, concurrency) as generator:
             yield FailingFirstTurns(generator, prompt_ids, self.failures)
 
     def __call__(self, prompts, trainer):
