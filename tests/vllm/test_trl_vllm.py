@@ -95,8 +95,8 @@ class RecordingRollout(ReToolRollout):
         self.backends: list[str] = []
 
     @contextlib.contextmanager
-    def _generation_backend(self, trainer):
-        with super()._generation_backend(trainer) as generator:
+    def _generation_backend(self, trainer, concurrency):
+        with super()._generation_backend(trainer, concurrency) as generator:
             self.backends.append(type(generator).__name__)
             yield generator
 
