@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from transformers import TrainerCallback
 
 
@@ -26,7 +27,7 @@ class SkipStepsWithoutSignal(TrainerCallback):
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         grads = [p.grad for p in model.parameters() if p.grad is not None]
-        if grads and not any(bool(grad.any()) for grad in grads):
+        if grads and not torch.stack([grad.ne(0).any() for grad in grads]).any():  # one device sync, not one each
             for parameter in model.parameters():
                 parameter.grad = None
             self.skipped += 1

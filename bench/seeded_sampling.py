@@ -6,8 +6,7 @@ depend on how requests happened to batch. Seeded, every request draws keyed Gumb
 with the same shapes (prompts padded to a multiple of 64, the batch filled to `max_batch_size` rows): the cost is
 the compute on padding. The runs alternate (unseeded, seeded, unseeded, ...) so drift on the machine hits both.
 
-    python bench/seeded_sampling.py --model runs/miniature-X/seed0/tool/sft   # a trained miniature model
-    python bench/seeded_sampling.py                                             # a random one (longer episodes)
+    python bench/seeded_sampling.py --run runs/final-5seeds/seed0   # a miniature seed: its SFT model, its test set
 """
 
 from __future__ import annotations
@@ -18,28 +17,24 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from retool_adapters.generators import HFGenerator
+from retool_env.data import load_problems
+from retool_env.evaluation import evaluate
+from retool_env.rollout import SamplingParams
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "training"))
-
-from miniature_data import make_problems  # noqa: E402  (training/, the miniature's data)
-
-from retool_adapters.generators import HFGenerator  # noqa: E402
-from retool_adapters.offline_models import build_tiny_qwen  # noqa: E402
-from retool_env.evaluation import evaluate  # noqa: E402
-from retool_env.offline import tiny_tokenizer  # noqa: E402
-from retool_env.rollout import SamplingParams  # noqa: E402
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", help="A model folder (default: a random miniature-sized Qwen2)")
-    parser.add_argument("--per_level", type=int, default=16, help="Problems per level (five levels)")
+    parser.add_argument("--run", required=True, help="A miniature seed folder (runs/<name>/seed<N>): its tool arm's "
+                                                     "SFT model and its held-out problems")
+    parser.add_argument("--per_level", type=int, default=16, help="The first problems of each level")
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=64, help="Episodes in flight (and max_batch_size)")
     parser.add_argument("--repeats", type=int, default=3)
@@ -48,9 +43,13 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
 
-    model_dir = args.model or build_tiny_qwen(tempfile.mkdtemp(), tiny_tokenizer(400), hidden_size=128, num_layers=2,
-                                              num_heads=2, num_kv_heads=2, seed=0)
-    problems = make_problems(args.per_level, seed=10_000)
+    model_dir = Path(args.run) / "tool" / "sft"
+    taken: dict[str, int] = {}
+    problems = []
+    for problem in load_problems(str(Path(args.run) / "test.jsonl")):
+        taken[problem.level] = taken.get(problem.level, 0) + 1
+        if taken[problem.level] <= args.per_level:
+            problems.append(problem)
     env = {"tool_format": "retool", "prompt": "plain", "max_tool_calls": 2, "max_completion_tokens": 160,
            "max_observation_tokens": 48, "max_turn_tokens": 48}
     timings: dict[str, list[float]] = {"unseeded": [], "seeded": []}

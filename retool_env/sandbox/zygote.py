@@ -178,8 +178,10 @@ class Zygote:
 
     def _tidy(self) -> None:
         """Kill what released calls left running; free their cgroup and uid once nothing of them remains."""
-        if not self.layers.seccomp:
-            self._kill_strays()  # a process that left its session is re-parented to us once its parent exits
+        if not self.layers.seccomp and self.delegation is None:
+            # A process that left its session is re-parented to us once its parent exits; with cgroups, killing
+            # the call's group below finds it instead.
+            self._kill_strays()
         still = []
         for cid, record in self.lingering:
             # A single-use child cannot fork under seccomp: once reaped, nothing of it is left. Anything else: kill
