@@ -1,0 +1,133 @@
+"""Tool-call dialects: how each model family writes tool calls, read back from a turn's text.
+
+One module per dialect, named as vLLM's `--tool-call-parser` names it (`atem` excepted: vLLM has none). Every
+dialect parses a turn into `ParsedCall`s typed by the tools' JSON Schemas (`Dialect.parse`), writes calls as its
+family's template renders them (`Dialect.call_text`), and says what stops a turn of calls (`stop_strings`).
+`detect_dialect` picks the dialect a chat template teaches; `tool_system_prompt` writes the tool schemas and the
+call format for templates that do not render `tools` themselves (`renders_tools`).
+
+    >>> from retool_env.dialects import get_dialect
+    >>> turn = get_dialect("qwen3_coder").parse("<tool_call>\\n<function=f>\\n<parameter=n>\\n7\\n</parameter>\\n"
+    ...                                         "</function>\\n</tool_call>")
+    >>> turn.calls[0].name, turn.calls[0].arguments
+    ('f', {'n': '7'})
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from retool_env.dialects.atem import Atem
+from retool_env.dialects.base import Dialect, FunctionCall, ParsedCall, ParsedTurn, example_call, tool_functions
+from retool_env.dialects.deepseek_v3 import DeepSeekV3
+from retool_env.dialects.deepseek_v31 import DeepSeekV31
+from retool_env.dialects.gemma4 import Gemma4
+from retool_env.dialects.glm45 import Glm45
+from retool_env.dialects.hermes import Hermes
+from retool_env.dialects.kimi_k2 import KimiK2
+from retool_env.dialects.lfm2 import Lfm2
+from retool_env.dialects.llama3_json import Llama3Json
+from retool_env.dialects.mistral import Mistral
+from retool_env.dialects.openai import OpenAIHarmony
+from retool_env.dialects.pythonic import Pythonic
+from retool_env.dialects.qwen3_coder import Qwen3Coder
+
+__all__ = ["DIALECTS", "Dialect", "FunctionCall", "ParsedCall", "ParsedTurn", "detect_dialect", "get_dialect",
+           "renders_tool_calls", "renders_tools", "tool_system_prompt"]
+
+DIALECTS: dict[str, Dialect] = {d.name: d for d in (
+    Hermes(), Qwen3Coder(), OpenAIHarmony(), Llama3Json(), Glm45(), DeepSeekV3(), DeepSeekV31(), KimiK2(),
+    Mistral(), Lfm2(), Pythonic(), Gemma4(), Atem())}
+ALIASES = {"qwen3_xml": "qwen3_coder", "gpt_oss": "openai", "harmony": "openai", "glm4_moe": "glm45",
+           "muse_glimmer": "atem"}
+
+# What each dialect's template writes and no other's does, in the order checked (a template that teaches the XML
+# form also says `<tool_call>`, so the hermes marker comes after the qwen3_coder and glm45 ones).
+_MARKERS: list[tuple[str, tuple[str, ...]]] = [
+    ("gemma4", ("<|tool_call>call:",)),
+    ("atem", ("<atem:function_calls>",)),
+    ("openai", ("<|start|>assistant to=", "<|channel|>")),
+    ("kimi_k2", ("<|tool_calls_section_begin|>",)),
+    ("deepseek_v3", ("tool▁sep｜>' + tool['function']['name'] + '\\n' + '```json",)),
+    ("deepseek_v3", ("<｜tool▁sep｜>' + tool['function']['name']",)),
+    ("deepseek_v31", ("<｜tool▁sep｜>' + tool['function']['arguments']",)),
+    ("deepseek_v31", ("<｜tool▁calls▁begin｜>",)),
+    ("qwen3_coder", ("<function=", "<parameter=")),
+    ("glm45", ("<arg_key>",)),
+    ("lfm2", ("<|tool_call_start|>",)),
+    ("lfm2", ("<|tool_list_start|>",)),
+    ("mistral", ("[TOOL_CALLS]",)),
+    ("pythonic", ("<|python_start|>",)),
+    ("llama3_json", ('"parameters": ',)),
+    ("llama3_json", ("<|python_tag|>",)),
+    ("hermes", ("<tool_call>",)),
+]
+
+
+def get_dialect(name: str) -> Dialect:
+    """The dialect of a vLLM `--tool-call-parser` name (or one of its aliases)."""
+    dialect = DIALECTS.get(ALIASES.get(name, name))
+    if dialect is None:
+        raise ValueError(f"unknown tool-call dialect {name!r}; choose one of {sorted(DIALECTS)}")
+    return dialect
+
+
+def detect_dialect(chat_template: str) -> str:
+    """The dialect a chat template renders tool calls in (for `tool_format="auto"`), read from the call syntax
+    the template writes; raises when it writes none (then name a dialect, and see `tool_system_prompt`)."""
+    for name, markers in _MARKERS:
+        if all(marker in chat_template for marker in markers):
+            return name
+    raise ValueError("the chat template writes no tool-call syntax this package knows (it may not support tool "
+                     f"calls); name a dialect explicitly, one of {sorted(DIALECTS)}")
+
+
+_PROBE = "retool_probe_function"
+_PROBE_TOOL = {"type": "function", "function": {"name": _PROBE, "description": "probe", "parameters": {
+    "type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]}}}
+
+
+def _render(chat_template: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    rendered, _ = render_jinja_template(conversations=[messages], tools=tools, chat_template=chat_template,
+                                        bos_token="", eos_token="")
+    return rendered[0]
+
+
+def renders_tools(chat_template: str) -> bool:
+    """Whether the template shows the tool schemas passed as `tools` (rendered with a probe tool). When it does not
+    (DeepSeek-V3, DeepSeek-R1-Distill), put `tool_system_prompt(...)` in the system message."""
+    return _PROBE in _render(chat_template, [{"role": "user", "content": "u"}], [_PROBE_TOOL])
+
+
+def renders_tool_calls(chat_template: str, dialect: str | Dialect) -> bool:
+    """Whether the template renders an assistant message's `tool_calls` (LFM2's first template drops them: the
+    model's calls must then stay in the message's content, as it wrote them). Tried with the content empty, then
+    None (DeepSeek-R1-Distill renders calls only when the content is None)."""
+    dialect = get_dialect(dialect) if isinstance(dialect, str) else dialect
+    user = [{"role": "user", "content": "u"}]
+    before = _render(chat_template, user, [_PROBE_TOOL]).count(_PROBE)
+    for content in ("", None):
+        message = dialect.tool_call_message(content, [FunctionCall(_PROBE, {"x": "y"})])
+        try:
+            if _render(chat_template, [*user, message], [_PROBE_TOOL]).count(_PROBE) > before:
+                return True
+        except Exception:  # a template that cannot render this message does not render the call
+            continue
+    return False
+
+
+def tool_system_prompt(dialect: str | Dialect, tools: Sequence[dict[str, Any]]) -> str:
+    """The system-prompt text that shows the tools' schemas and how to call them in `dialect`, for a chat template
+    that does not render `tools` (see `renders_tools`)."""
+    dialect = get_dialect(dialect) if isinstance(dialect, str) else dialect
+    schemas = "\n".join(json.dumps({"type": "function", "function": function}, ensure_ascii=False)
+                        for function in tool_functions(tools).values())
+    several = ("You may call several functions in one turn, one after another." if dialect.multiple_calls else
+               "Call one function per turn.")
+    return (f"# Tools\n\nYou may call the following functions, described by their JSON Schema:\n{schemas}\n\n"
+            f"To call a function, write exactly this form, with the function's name and arguments:\n"
+            f"{dialect.call_text([example_call(tools)])}\n\n{several} The result comes back in the next message.")

@@ -1,0 +1,90 @@
+"""atem: Muse Glimmer's ATEM protocol, each call a message to the tool holding an `<atem:function_calls>` block.
+
+    <|start|>assistant to=code_interpreter<|message|><atem:function_calls>
+    <atem:invoke name="code_interpreter">
+    <atem:parameter name="code">print(6 * 7)</atem:parameter>
+    </atem:invoke>
+    </atem:function_calls><|eot|>
+
+The generation prompt ends with `<|start|>assistant`, so the model's text begins inside the first message's header.
+Values are text as written (lists and objects as JSON), typed by the tool's schema; messages to `self` are
+reasoning, messages to `user` the content. No vLLM parser exists; the name is the protocol's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from retool_env.dialects.base import Dialect, FunctionCall, RawCall, Scan, find_blocks
+
+BLOCK_START, BLOCK_END = "<atem:function_calls>", "</atem:function_calls>"
+INVOKE, INVOKE_END = '<atem:invoke name="', "</atem:invoke>"
+PARAMETER, PARAMETER_END = '<atem:parameter name="', "</atem:parameter>"
+_ENDS = ("<|eom|>", "<|eot|>")
+
+
+def _named(piece: str) -> tuple[str | None, str]:
+    """The name of `name="...">rest`, and the rest."""
+    name, quote, rest = piece.partition('">')
+    return (name, rest) if quote else (None, piece)
+
+
+def read_atem_block(body: str) -> list[RawCall]:
+    calls = []
+    for piece in body.split(INVOKE)[1:]:
+        name, rest = _named(piece)
+        if name is None:
+            calls.append(RawCall(None, error=f'write {INVOKE}NAME">'))
+            continue
+        inside, closed, _ = rest.partition(INVOKE_END)
+        if not closed:
+            calls.append(RawCall(name, error=f'<atem:invoke name="{name}"> is not closed with {INVOKE_END}'))
+            continue
+        arguments: dict[str, str] = {}
+        for parameter in inside.split(PARAMETER)[1:]:
+            key, value_rest = _named(parameter)
+            value, value_closed, _ = value_rest.partition(PARAMETER_END)
+            if key is None or not value_closed:
+                calls.append(RawCall(name, error=f'write {PARAMETER}KEY">VALUE{PARAMETER_END}'))
+                break
+            arguments[key] = value
+        else:
+            calls.append(RawCall(name, arguments, text_valued=True))
+    return calls or [RawCall(None, error=f"an {BLOCK_START} block holds no {INVOKE}NAME\"> element")]
+
+
+class Atem(Dialect):
+    name = "atem"
+
+    def _scan(self, text: str) -> Scan:
+        scan = Scan()
+        messages = text.split("<|start|>") if "<|message|>" in text else [text]
+        for message in messages:
+            header, marker, body = message.partition("<|message|>")
+            if not marker:
+                header, body = "", header
+            cut = min((i for i in (body.find(end) for end in _ENDS) if i >= 0), default=len(body))
+            body = body[:cut]
+            if "to=self" in header:
+                continue
+            for before, block, closed in find_blocks(body, BLOCK_START, BLOCK_END):
+                if "to=" not in header or "to=user" in header:
+                    scan.content.append(before)
+                if block is None:
+                    break
+                if not closed:
+                    scan.unfinished = True
+                    break
+                scan.calls.extend(read_atem_block(block))
+        return scan
+
+    def call_text(self, calls: Sequence[FunctionCall]) -> str:
+        messages = []
+        for call in calls:
+            parameters = "".join(f'{PARAMETER}{key}">'
+                                 f'{value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)}'
+                                 f'{PARAMETER_END}\n' for key, value in call.arguments.items())
+            messages.append(f"<|start|>assistant to={call.name}<|message|>{BLOCK_START}\n{INVOKE}{call.name}\">\n"
+                            f"{parameters}{INVOKE_END}\n{BLOCK_END}")
+        return "<|eom|>".join(messages)

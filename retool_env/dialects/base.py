@@ -1,0 +1,342 @@
+"""What every tool-call dialect shares: the parsed call, the schema typing of its arguments, bounded scanning.
+
+A dialect reads the text of one assistant turn (after its reasoning block, with or without its end token) and finds
+the tool calls written in it. Model text is hostile input on the step path, so every scan here is linear in the
+text (`str.find`/`str.split`, never a backtracking regular expression), nothing recurses on the input, and JSON or
+Python literals are decoded only once their nesting is known to be at most `MAX_DEPTH`.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+MAX_DEPTH = 32  # deepest nesting of brackets a call's arguments may have
+DEFAULT_TOOL = "code_interpreter"  # the tool an example names when no tools are given
+
+
+@dataclass(frozen=True)
+class FunctionCall:
+    """A call to write: a function name and its arguments (`Dialect.call_text` renders it)."""
+
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ParsedCall:
+    """One call found in a turn: its name and typed arguments, or `error`, which tells the model what was wrong."""
+
+    name: str | None
+    arguments: dict[str, Any] | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass(frozen=True)
+class ParsedTurn:
+    """The calls of one turn, in order, and its `content`: the text outside the call blocks.
+
+    `unfinished` is True when the text ends inside a call block the dialect closes with a marker of its own (the
+    generation was cut off there); a call closed only by the turn's end token is never unfinished."""
+
+    calls: tuple[ParsedCall, ...]
+    content: str
+    unfinished: bool = False
+
+
+@dataclass
+class RawCall:
+    """A call as a dialect's scanner read it, before schema typing. `text_valued`: the dialect writes every argument
+    as text (XML-style dialects), so values are converted to the schema's types."""
+
+    name: str | None
+    arguments: dict[str, Any] | None = None
+    error: str | None = None
+    text_valued: bool = False
+
+
+@dataclass
+class Scan:
+    """What a dialect's scanner returns."""
+
+    calls: list[RawCall] = field(default_factory=list)
+    content: list[str] = field(default_factory=list)
+    unfinished: bool = False
+
+
+def tool_functions(tools: Sequence[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    """The function part of each tool schema (OpenAI's `{"type": "function", "function": {...}}` or bare), by name."""
+    functions = {}
+    for tool in tools or ():
+        function = tool.get("function", tool)
+        functions[function["name"]] = function
+    return functions
+
+
+def json_depth_ok(text: str, limit: int = MAX_DEPTH) -> bool:
+    """Whether brackets outside string literals nest at most `limit` deep (quotes ' and " both open strings, so
+    the check serves JSON and Python literals alike); one pass, no recursion."""
+    depth, quote, escaped = 0, "", False
+    for ch in text:
+        if quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
+                quote = ""
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "[{(":
+            depth += 1
+            if depth > limit:
+                return False
+        elif ch in "]})":
+            depth -= 1
+    return True
+
+
+def escape_raw_control_chars(text: str) -> str:
+    """Escape newlines and tabs written raw inside string literals (a common model mistake, and how some templates
+    render strings); text outside strings is unchanged."""
+    out, quote, escaped = [], "", False
+    for ch in text:
+        if quote and not escaped and ch in "\n\r\t":
+            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t"}[ch])
+            continue
+        if not escaped and ch in "\"'" and (not quote or ch == quote):
+            quote = "" if quote else ch
+        escaped = ch == "\\" and not escaped and bool(quote)
+        out.append(ch)
+    return "".join(out)
+
+
+def _describe_json_error(exc: json.JSONDecodeError) -> str:
+    return f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+
+
+def loads_json(text: str) -> tuple[Any, str | None]:
+    """Decode JSON of bounded nesting; raw newlines inside strings are repaired only when plain decoding fails, so
+    valid JSON is never altered. Returns (value, None) or (None, what is wrong)."""
+    if not json_depth_ok(text):
+        return None, f"the arguments nest deeper than {MAX_DEPTH} levels"
+    try:
+        return json.loads(text), None
+    except json.JSONDecodeError as exc:
+        try:
+            return json.loads(escape_raw_control_chars(text)), None
+        except json.JSONDecodeError:
+            return None, f"not valid JSON ({_describe_json_error(exc)})"
+    except RecursionError:  # unreachable below MAX_DEPTH; kept so a hostile input cannot crash a step
+        return None, "the arguments nest too deep"
+
+
+def loads_literal(text: str) -> tuple[Any, str | None]:
+    """Decode one value written as JSON or as a Python literal (`'text'`, `True`, `[1, 2]`), of bounded nesting."""
+    text = text.strip()
+    if not json_depth_ok(text):
+        return None, f"the value nests deeper than {MAX_DEPTH} levels"
+    try:
+        return json.loads(text), None
+    except (json.JSONDecodeError, RecursionError):
+        pass
+    try:
+        return ast.literal_eval(escape_raw_control_chars(text)), None
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None, f"{text[:60]!r} is not a literal value"
+
+
+def find_blocks(text: str, start: str, end: str) -> Iterator[tuple[str, str | None, bool]]:
+    """Split text at `start ... end` blocks, in one pass: yields (text before the block, the block's inside,
+    closed). An opened block with no `end` holds the rest of the text (closed=False); the text after the last
+    block comes last, with no block (None)."""
+    position = 0
+    while True:
+        opened = text.find(start, position)
+        if opened < 0:
+            yield text[position:], None, True
+            return
+        inside = opened + len(start)
+        closed = text.find(end, inside)
+        if closed < 0:
+            yield text[position:opened], text[inside:], False
+            return
+        yield text[position:opened], text[inside:closed], True
+        position = closed + len(end)
+
+
+def scan_blocks(text: str, start: str, end: str, read: Callable[[str], list[RawCall]]) -> Scan:
+    """The calls of every `start ... end` block, each block's inside read by `read`; the text around the blocks is
+    the content. A block left open at the end of the text makes the scan unfinished."""
+    scan = Scan()
+    for before, body, closed in find_blocks(text, start, end):
+        scan.content.append(before)
+        if body is None:
+            break
+        if not closed:
+            scan.unfinished = True
+            break
+        scan.calls.extend(read(body))
+    return scan
+
+
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,), "array": (list,),
+    "object": (dict,), "null": (type(None),),
+}
+
+
+def _is_type(value: Any, kinds: list[str]) -> bool:
+    """Whether a decoded value has one of the JSON Schema types (a boolean is not an integer; unknown types pass)."""
+    for kind in kinds:
+        if kind not in _JSON_TYPES or (isinstance(value, _JSON_TYPES[kind]) and
+                                       (kind == "boolean" or not isinstance(value, bool))):
+            return True
+    return False
+
+
+def _type_name(value: Any) -> str:
+    return {str: "a string", bool: "a boolean", int: "an integer", float: "a number", list: "an array",
+            dict: "an object", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _from_text(value: str, kind: str) -> tuple[Any, str | None]:
+    """A value written as text, converted to the JSON Schema type `kind`."""
+    stripped = value.strip()
+    if kind == "integer":
+        try:
+            return int(stripped), None
+        except ValueError:
+            return None, f"{stripped[:40]!r} is not an integer"
+    if kind == "number":
+        try:
+            number = float(stripped)
+        except ValueError:
+            return None, f"{stripped[:40]!r} is not a number"
+        return (int(number) if number.is_integer() and "." not in stripped and "e" not in stripped.lower()
+                else number), None
+    if kind == "boolean":
+        if stripped.lower() in ("true", "false"):
+            return stripped.lower() == "true", None
+        return None, f"{stripped[:40]!r} is not true or false"
+    if kind == "null":
+        return (None, None) if stripped.lower() in ("null", "none", "") else (None, f"{stripped[:40]!r} is not null")
+    if kind in ("array", "object"):
+        parsed, error = loads_literal(stripped)
+        if error is None and isinstance(parsed, list if kind == "array" else dict):
+            return parsed, None
+        return None, error or f"{stripped[:40]!r} is not {'an array' if kind == 'array' else 'an object'}"
+    return value, None
+
+
+def type_arguments(name: str, arguments: dict[str, Any], function: dict[str, Any],
+                   text_valued: bool) -> tuple[dict[str, Any] | None, str | None]:
+    """Check a call's arguments against the function's JSON Schema: required parameters present, each value of its
+    declared type (text values converted first, for dialects that write arguments as text). Parameters the schema
+    does not declare are kept as written."""
+    schema = function.get("parameters") or {}
+    properties = schema.get("properties") or {}
+    missing = [key for key in schema.get("required", ()) if key not in arguments]
+    if missing:
+        return None, f"{name} needs the parameter {missing[0]!r}"
+    typed: dict[str, Any] = {}
+    for key, value in arguments.items():
+        kind = (properties.get(key) or {}).get("type")
+        kinds = [kind] if isinstance(kind, str) else list(kind or [])
+        if text_valued and isinstance(value, str) and kinds and "string" not in kinds:
+            errors = []
+            for candidate in kinds:
+                converted, error = _from_text(value, candidate)
+                if error is None:
+                    value = converted
+                    break
+                errors.append(error)
+            else:
+                return None, f"parameter {key!r} of {name}: {errors[0]}"
+        if kinds and not _is_type(value, kinds):
+            return None, f"parameter {key!r} of {name} must be {' or '.join(kinds)}, not {_type_name(value)}"
+        typed[key] = value
+    return typed, None
+
+
+class Dialect(ABC):
+    """One model family's way of writing tool calls: parse them from a turn, write them as its template does.
+
+    Class attributes say what the caller needs around the parser: `stop_strings` end a turn of calls besides the
+    template's end-of-turn token (pass them to the generator); `multiple_calls` whether a turn may hold several;
+    `arguments_as_string` whether the template expects `function.arguments` as a JSON string, not a mapping."""
+
+    name: ClassVar[str]
+    stop_strings: ClassVar[tuple[str, ...]] = ()
+    multiple_calls: ClassVar[bool] = True
+    arguments_as_string: ClassVar[bool] = False
+
+    def parse(self, text: str, tools: Sequence[dict[str, Any]] | None = None) -> ParsedTurn:
+        """The calls written in `text`, each typed by its tool's schema (unchecked when `tools` is None)."""
+        scan = self._scan(text)
+        functions = tool_functions(tools)
+        calls = tuple(self._check(raw, functions, tools) for raw in scan.calls)
+        return ParsedTurn(calls, "".join(scan.content), scan.unfinished)
+
+    def _check(self, raw: RawCall, functions: dict[str, dict[str, Any]],
+               tools: Sequence[dict[str, Any]] | None) -> ParsedCall:
+        if raw.error is not None:
+            return ParsedCall(raw.name, None, self.fault(raw.error, tools))
+        if raw.name is None or raw.arguments is None:
+            return ParsedCall(raw.name, None, self.fault("the call has no function name or no arguments", tools))
+        if tools is None:
+            return ParsedCall(raw.name, raw.arguments)
+        if raw.name not in functions:
+            known = ", ".join(repr(n) for n in functions) or "none"
+            return ParsedCall(raw.name, None, f"unknown function {raw.name!r}; the functions are: {known}.")
+        typed, error = type_arguments(raw.name, raw.arguments, functions[raw.name], raw.text_valued)
+        if error is not None:
+            return ParsedCall(raw.name, None, self.fault(error, tools))
+        return ParsedCall(raw.name, typed)
+
+    def fault(self, what: str, tools: Sequence[dict[str, Any]] | None = None) -> str:
+        """An error for the model: what was wrong, and a call written the way this dialect writes one."""
+        return f"{what}. Write a {self.name} tool call like this:\n{self.call_text([example_call(tools)])}"
+
+    @abstractmethod
+    def _scan(self, text: str) -> Scan:
+        """Find the call blocks of `text` and read each one's name and raw arguments."""
+
+    @abstractmethod
+    def call_text(self, calls: Sequence[FunctionCall]) -> str:
+        """The calls as the model writes them (as the family's chat template renders an assistant's `tool_calls`)."""
+
+    def tool_call_message(self, content: str | None, calls: Sequence[FunctionCall]) -> dict[str, Any]:
+        """An assistant message with `tool_calls`, shaped as this family's chat template reads it."""
+        tool_calls = []
+        for index, call in enumerate(calls):
+            arguments = json.dumps(call.arguments, ensure_ascii=False) if self.arguments_as_string else call.arguments
+            tool_calls.append({"type": "function", "id": f"call_{index}",
+                               "function": {"name": call.name, "arguments": arguments}})
+        return {"role": "assistant", "content": content, "tool_calls": tool_calls}
+
+
+def example_call(tools: Sequence[dict[str, Any]] | None) -> FunctionCall:
+    """A call to show in an error or a prompt: the first tool, each required parameter holding a placeholder."""
+    functions = list(tool_functions(tools).values())
+    if not functions:
+        return FunctionCall(DEFAULT_TOOL, {"code": "print(6 * 7)"})
+    function = functions[0]
+    schema = function.get("parameters") or {}
+    properties = schema.get("properties") or {}
+    required = schema.get("required") or list(properties)[:1]
+    return FunctionCall(function["name"], {key: _placeholder(properties.get(key) or {}) for key in required})
+
+
+def _placeholder(prop: dict[str, Any]) -> Any:
+    kind = prop.get("type")
+    return {"integer": 1, "number": 1.5, "boolean": True, "array": [], "object": {}}.get(
+        kind if isinstance(kind, str) else "", "...")

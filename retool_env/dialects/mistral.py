@@ -1,0 +1,55 @@
+"""mistral: Mistral and Mixtral, calls after `[TOOL_CALLS]`.
+
+Tokenizer v11 and later write `[TOOL_CALLS]NAME[ARGS]{json}` once per call (`[CALL_ID]id` may sit before `[ARGS]`);
+earlier ones a JSON list `[TOOL_CALLS][{"name": ..., "arguments": {...}}]`. Both are read; calls are written in the
+v11 form. vLLM: `--tool-call-parser mistral`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from retool_env.dialects.base import MAX_DEPTH, Dialect, FunctionCall, RawCall, Scan, json_depth_ok
+from retool_env.dialects.hermes import arguments_object, named_arguments
+
+TOOL_CALLS, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
+_DECODER = json.JSONDecoder()
+
+
+def _read_list(text: str) -> list[RawCall]:
+    if not json_depth_ok(text):
+        return [RawCall(None, error=f"the calls nest deeper than {MAX_DEPTH} levels")]
+    try:
+        calls, _ = _DECODER.raw_decode(text)
+    except json.JSONDecodeError as exc:
+        return [RawCall(None, error=f"the {TOOL_CALLS} list is not valid JSON ({exc.msg} at column {exc.colno})")]
+    if not isinstance(calls, list) or not all(isinstance(call, dict) for call in calls):
+        return [RawCall(None, error=f"{TOOL_CALLS} must be followed by a JSON list of call objects")]
+    return [named_arguments(call, ("name",), ("arguments", "parameters")) for call in calls]
+
+
+def _read_v11(piece: str) -> RawCall:
+    head, sep, arguments = piece.partition(ARGS)
+    if not sep:
+        return RawCall(None, error=f"write {TOOL_CALLS}NAME{ARGS}{{...}} for each call")
+    name = head.partition(CALL_ID)[0].strip()
+    return RawCall(name, *arguments_object(arguments.strip(), "arguments"))
+
+
+class Mistral(Dialect):
+    name = "mistral"
+
+    def _scan(self, text: str) -> Scan:
+        pieces = text.split(TOOL_CALLS)
+        scan = Scan(content=[pieces[0]])
+        for piece in pieces[1:]:
+            if piece.lstrip().startswith("["):
+                scan.calls.extend(_read_list(piece.strip()))
+            else:
+                scan.calls.append(_read_v11(piece))
+        return scan
+
+    def call_text(self, calls: Sequence[FunctionCall]) -> str:
+        return "".join(f"{TOOL_CALLS}{call.name}{ARGS}{json.dumps(call.arguments, ensure_ascii=False)}"
+                       for call in calls)
