@@ -15,8 +15,10 @@ call format for templates that do not render `tools` themselves (`renders_tools`
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from retool_env.dialects.atem import Atem
@@ -34,8 +36,8 @@ from retool_env.dialects.openai import OpenAIHarmony
 from retool_env.dialects.pythonic import Pythonic
 from retool_env.dialects.qwen3_coder import Qwen3Coder
 
-__all__ = ["DIALECTS", "Dialect", "FunctionCall", "ParsedCall", "ParsedTurn", "detect_dialect", "get_dialect",
-           "renders_tool_calls", "renders_tools", "tool_system_prompt"]
+__all__ = ["DIALECTS", "CallShape", "Dialect", "FunctionCall", "ParsedCall", "ParsedTurn", "detect_dialect",
+           "get_dialect", "renders_tool_calls", "renders_tools", "tool_call_shape", "tool_system_prompt"]
 
 DIALECTS: dict[str, Dialect] = {d.name: d for d in (
     Hermes(), Qwen3Coder(), OpenAIHarmony(), Llama3Json(), Glm45(), DeepSeekV3(), DeepSeekV31(), KimiK2(),
@@ -92,6 +94,7 @@ _PROBE_TOOL = {"type": "function", "function": {"name": _PROBE, "description": "
 def _render(chat_template: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
     from transformers.utils.chat_template_utils import render_jinja_template
 
+    messages = [{k: v for k, v in m.items() if v is not None} for m in messages]  # as apply_chat_template does
     rendered, _ = render_jinja_template(conversations=[messages], tools=tools, chat_template=chat_template,
                                         bos_token="", eos_token="")
     return rendered[0]
@@ -103,21 +106,40 @@ def renders_tools(chat_template: str) -> bool:
     return _PROBE in _render(chat_template, [{"role": "user", "content": "u"}], [_PROBE_TOOL])
 
 
-def renders_tool_calls(chat_template: str, dialect: str | Dialect) -> bool:
-    """Whether the template renders an assistant message's `tool_calls` (LFM2's first template drops them: the
-    model's calls must then stay in the message's content, as it wrote them). Tried with the content empty, then
-    None (DeepSeek-R1-Distill renders calls only when the content is None)."""
-    dialect = get_dialect(dialect) if isinstance(dialect, str) else dialect
+@dataclass(frozen=True)
+class CallShape:
+    """How a chat template reads an assistant message's `tool_calls`: the arguments as a mapping or as a JSON
+    string (DeepSeek-V3's original template), and the content of a message that only calls ("" or None)."""
+
+    arguments_as_string: bool
+    content: str | None
+
+
+@functools.lru_cache(maxsize=64)
+def tool_call_shape(chat_template: str, dialect: str) -> CallShape | None:
+    """The message shape under which the template renders a call that `dialect` parses back to the same call, or
+    None when no shape does: the template drops `tool_calls` (LFM2's first template; DeepSeek-R1-Distill's, which
+    renders calls only when the content is None, a key `apply_chat_template` drops), so the model's calls must stay
+    in the message's content as it wrote them."""
+    parser = get_dialect(dialect)
+    probe = FunctionCall(_PROBE, {"x": 'y "z"\\n'})
     user = [{"role": "user", "content": "u"}]
-    before = _render(chat_template, user, [_PROBE_TOOL]).count(_PROBE)
-    for content in ("", None):
-        message = dialect.tool_call_message(content, [FunctionCall(_PROBE, {"x": "y"})])
+    history = _render(chat_template, user, [_PROBE_TOOL])
+    for shape in (CallShape(False, ""), CallShape(True, ""), CallShape(False, None), CallShape(True, None)):
+        message = parser.tool_call_message(shape.content, [probe], arguments_as_string=shape.arguments_as_string)
         try:
-            if _render(chat_template, [*user, message], [_PROBE_TOOL]).count(_PROBE) > before:
-                return True
-        except Exception:  # a template that cannot render this message does not render the call
+            rendered = _render(chat_template, [*user, message], [_PROBE_TOOL])
+        except Exception:  # a template that cannot render this shape
             continue
-    return False
+        calls = parser.parse(rendered[len(history):] if rendered.startswith(history) else rendered).calls
+        if [(c.name, c.arguments) for c in calls] == [(probe.name, probe.arguments)]:
+            return shape
+    return None
+
+
+def renders_tool_calls(chat_template: str, dialect: str) -> bool:
+    """Whether the template renders an assistant message's `tool_calls` in `dialect` (see `tool_call_shape`)."""
+    return tool_call_shape(chat_template, dialect) is not None
 
 
 def tool_system_prompt(dialect: str | Dialect, tools: Sequence[dict[str, Any]]) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from retool_env.dialects.base import Dialect, FunctionCall, RawCall, Scan, find_blocks
+from retool_env.dialects.base import MAX_CALLS, Dialect, FunctionCall, RawCall, Scan, find_blocks
 
 BLOCK_START, BLOCK_END = "<atem:function_calls>", "</atem:function_calls>"
 INVOKE, INVOKE_END = '<atem:invoke name="', "</atem:invoke>"
@@ -32,7 +32,7 @@ def _named(piece: str) -> tuple[str | None, str]:
 
 def read_atem_block(body: str) -> list[RawCall]:
     calls = []
-    for piece in body.split(INVOKE)[1:]:
+    for piece in body.split(INVOKE)[1:MAX_CALLS + 2]:
         name, rest = _named(piece)
         if name is None:
             calls.append(RawCall(None, error=f'write {INVOKE}NAME">'))
@@ -56,11 +56,14 @@ def read_atem_block(body: str) -> list[RawCall]:
 
 class Atem(Dialect):
     name = "atem"
+    end_tokens = ("<|eot|>", "<|eom|>")
 
     def _scan(self, text: str) -> Scan:
         scan = Scan()
         messages = text.split("<|start|>") if "<|message|>" in text else [text]
         for message in messages:
+            if len(scan.calls) > MAX_CALLS:
+                break
             header, marker, body = message.partition("<|message|>")
             if not marker:
                 header, body = "", header

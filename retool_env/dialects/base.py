@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 MAX_DEPTH = 32  # deepest nesting of brackets a call's arguments may have
+MAX_CALLS = 32  # most calls one turn may make; scanners stop reading after one more
 DEFAULT_TOOL = "code_interpreter"  # the tool an example names when no tools are given
 
 
@@ -81,27 +83,42 @@ def tool_functions(tools: Sequence[dict[str, Any]] | None) -> dict[str, dict[str
     return functions
 
 
+_SYNTAX = re.compile(r"[\"'\[\](){}]")  # one character class: a linear search, no backtracking
+
+
 def json_depth_ok(text: str, limit: int = MAX_DEPTH) -> bool:
     """Whether brackets outside string literals nest at most `limit` deep (quotes ' and " both open strings, so
-    the check serves JSON and Python literals alike); one pass, no recursion."""
-    depth, quote, escaped = 0, "", False
-    for ch in text:
-        if quote:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == quote:
-                quote = ""
-        elif ch in "\"'":
-            quote = ch
-        elif ch in "[{(":
-            depth += 1
-            if depth > limit:
-                return False
-        elif ch in "]})":
-            depth -= 1
-    return True
+    the check serves JSON and Python literals alike); one pass that jumps between syntax characters."""
+    depth, i = 0, 0
+    while True:
+        match = _SYNTAX.search(text, i)
+        if match is None:
+            return True
+        i, ch = match.start(), match.group()
+        if ch in "\"'":
+            i = string_end(text, i + 1, ch)
+            if i < 0:
+                return True  # an unclosed string: nothing after it nests
+            continue
+        depth += 1 if ch in "[{(" else -1
+        if depth > limit:
+            return False
+        i += 1
+
+
+def string_end(text: str, i: int, quote: str, end: int | None = None) -> int:
+    """The index just after the `quote` that closes a string whose body starts at `i` (backslash escapes skipped),
+    or -1 when the text ends first. Linear: each search resumes where the last one stopped."""
+    end = len(text) if end is None else end
+    close = text.find(quote, i, end)
+    while close >= 0:
+        backslash = text.find("\\", i, close)
+        if backslash < 0:
+            return close + len(quote)
+        i = backslash + 2
+        if i > close:
+            close = text.find(quote, i, end)
+    return -1
 
 
 def escape_raw_control_chars(text: str) -> str:
@@ -185,6 +202,8 @@ def scan_blocks(text: str, start: str, end: str, read: Callable[[str], list[RawC
             scan.unfinished = True
             break
         scan.calls.extend(read(body))
+        if len(scan.calls) > MAX_CALLS:
+            break
     return scan
 
 
@@ -272,19 +291,32 @@ class Dialect(ABC):
 
     Class attributes say what the caller needs around the parser: `stop_strings` end a turn of calls besides the
     template's end-of-turn token (pass them to the generator); `multiple_calls` whether a turn may hold several;
-    `arguments_as_string` whether the template expects `function.arguments` as a JSON string, not a mapping."""
+    `arguments_as_string` whether the family's template expects `function.arguments` as a JSON string, not a
+    mapping; `end_tokens` the family's end-of-turn tokens, which `parse` drops from the end of a turn."""
 
     name: ClassVar[str]
     stop_strings: ClassVar[tuple[str, ...]] = ()
+    end_tokens: ClassVar[tuple[str, ...]] = ()
     multiple_calls: ClassVar[bool] = True
     arguments_as_string: ClassVar[bool] = False
 
     def parse(self, text: str, tools: Sequence[dict[str, Any]] | None = None) -> ParsedTurn:
         """The calls written in `text`, each typed by its tool's schema (unchecked when `tools` is None)."""
-        scan = self._scan(text)
+        scan = self._scan(self.strip_end(text))
         functions = tool_functions(tools)
-        calls = tuple(self._check(raw, functions, tools) for raw in scan.calls)
-        return ParsedTurn(calls, "".join(scan.content), scan.unfinished)
+        calls = [self._check(raw, functions, tools) for raw in scan.calls[:MAX_CALLS]]
+        if len(scan.calls) > MAX_CALLS:
+            calls.append(ParsedCall(None, None, f"more than {MAX_CALLS} tool calls in one turn; only the first "
+                                                f"{MAX_CALLS} are read"))
+        return ParsedTurn(tuple(calls), "".join(scan.content), scan.unfinished)
+
+    def strip_end(self, text: str) -> str:
+        """The turn without a trailing end-of-turn token (and the whitespace a template puts before it)."""
+        for token in (*self.stop_strings, *self.end_tokens):
+            stripped = text.rstrip()
+            if stripped.endswith(token):
+                return stripped[: -len(token)]
+        return text
 
     def _check(self, raw: RawCall, functions: dict[str, dict[str, Any]],
                tools: Sequence[dict[str, Any]] | None) -> ParsedCall:
@@ -314,11 +346,14 @@ class Dialect(ABC):
     def call_text(self, calls: Sequence[FunctionCall]) -> str:
         """The calls as the model writes them (as the family's chat template renders an assistant's `tool_calls`)."""
 
-    def tool_call_message(self, content: str | None, calls: Sequence[FunctionCall]) -> dict[str, Any]:
-        """An assistant message with `tool_calls`, shaped as this family's chat template reads it."""
+    def tool_call_message(self, content: str | None, calls: Sequence[FunctionCall],
+                          arguments_as_string: bool | None = None) -> dict[str, Any]:
+        """An assistant message with `tool_calls`, shaped as a chat template reads it (`arguments_as_string`: the
+        template wants `function.arguments` as a JSON string; None: as this family's original template does)."""
+        as_string = self.arguments_as_string if arguments_as_string is None else arguments_as_string
         tool_calls = []
         for index, call in enumerate(calls):
-            arguments = json.dumps(call.arguments, ensure_ascii=False) if self.arguments_as_string else call.arguments
+            arguments = json.dumps(call.arguments, ensure_ascii=False) if as_string else call.arguments
             tool_calls.append({"type": "function", "id": f"call_{index}",
                                "function": {"name": call.name, "arguments": arguments}})
         return {"role": "assistant", "content": content, "tool_calls": tool_calls}

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from retool_env.dialects.base import Dialect, FunctionCall, RawCall, Scan, find_blocks
+from retool_env.dialects.base import MAX_CALLS, Dialect, FunctionCall, RawCall, Scan, find_blocks
 from retool_env.dialects.hermes import arguments_object
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
@@ -23,6 +23,7 @@ CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁en
 
 class DeepSeekV3(Dialect):
     name = "deepseek_v3"
+    end_tokens = ("<｜end▁of▁sentence｜>",)
     arguments_as_string = True
 
     def _scan(self, text: str) -> Scan:
@@ -41,6 +42,8 @@ class DeepSeekV3(Dialect):
                 scan.unfinished = True
                 break
             scan.calls.append(self.read_call(body))
+            if len(scan.calls) > MAX_CALLS:
+                break
         return scan
 
     def read_call(self, body: str) -> RawCall:

@@ -17,6 +17,7 @@ from retool_env.dialects.base import Dialect, FunctionCall, RawCall, Scan, loads
 CALL_START, CALL_END, QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
 _WORD = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_")
 _WORD_CHARS = _WORD | frozenset("0123456789-.")
+_NUMBER_START, _NUMBER_CHARS = frozenset("-0123456789"), frozenset("0123456789.eE+-")
 
 
 def gemma_to_json(text: str) -> tuple[str | None, str | None]:
@@ -29,6 +30,12 @@ def gemma_to_json(text: str) -> tuple[str | None, str | None]:
                 return None, f"a {QUOTE} string is not closed with {QUOTE}"
             out.append(json.dumps(text[i + len(QUOTE):close], ensure_ascii=False))
             i = close + len(QUOTE)
+        elif text[i] in _NUMBER_START:  # a number keeps its exponent: 2.5e-14
+            j = i + 1
+            while j < n and text[j] in _NUMBER_CHARS:
+                j += 1
+            out.append(text[i:j])
+            i = j
         elif text[i] in _WORD:
             j = i
             while j < n and text[j] in _WORD_CHARS:
@@ -70,6 +77,7 @@ def gemma_value(value: object) -> str:
 
 class Gemma4(Dialect):
     name = "gemma4"
+    end_tokens = ("<turn|>",)
     stop_strings = ("<|tool_response>",)
 
     def _scan(self, text: str) -> Scan:

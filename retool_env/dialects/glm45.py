@@ -42,6 +42,7 @@ def read_glm_call(body: str) -> list[RawCall]:
 
 class Glm45(Dialect):
     name = "glm45"
+    end_tokens = ("<|user|>", "<|endoftext|>")
     stop_strings = ("<|observation|>",)
 
     def _scan(self, text: str) -> Scan:

@@ -33,10 +33,11 @@ def named_arguments(call: dict, name_keys: tuple[str, ...], argument_keys: tuple
 
 def arguments_object(arguments: object, what: str = "arguments") -> tuple[dict | None, str | None]:
     """Arguments as a mapping: an object as is, a string decoded as JSON (OpenAI's wire form)."""
-    if isinstance(arguments, str):
-        arguments, error = loads_json(arguments)
-        if error is not None:
-            return None, f"the {what} string is {error}"
+    for _ in range(2):  # a JSON string holding the object; twice where a template encoded a string again
+        if isinstance(arguments, str):
+            arguments, error = loads_json(arguments)
+            if error is not None:
+                return None, f"the {what} string is {error}"
     if not isinstance(arguments, dict):
         return None, f"{what!r} must be a JSON object"
     return arguments, None
@@ -44,6 +45,7 @@ def arguments_object(arguments: object, what: str = "arguments") -> tuple[dict |
 
 class Hermes(Dialect):
     name = "hermes"
+    end_tokens = ("<|im_end|>", "<|endoftext|>")
 
     def _scan(self, text: str) -> Scan:
         return scan_blocks(text, "<tool_call>", "</tool_call>", lambda body: [read_json_call(body)])

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from retool_env.dialects.base import Dialect, FunctionCall, RawCall, Scan, find_blocks
+from retool_env.dialects.base import MAX_CALLS, Dialect, FunctionCall, RawCall, Scan, find_blocks
 from retool_env.dialects.hermes import arguments_object
 
 SECTION_BEGIN, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
@@ -27,6 +27,7 @@ def read_kimi_call(body: str) -> RawCall:
 
 class KimiK2(Dialect):
     name = "kimi_k2"
+    end_tokens = ("<|im_end|>",)
 
     def _scan(self, text: str) -> Scan:
         scan = Scan()
@@ -41,6 +42,8 @@ class KimiK2(Dialect):
                     scan.unfinished = True
                     break
                 scan.calls.append(read_kimi_call(body))
+                if len(scan.calls) > MAX_CALLS:
+                    return scan
             if not closed:  # an open section ends the turn: its calls count, and more may have been cut off
                 scan.unfinished = scan.unfinished or not section.rstrip().endswith(CALL_END)
                 break

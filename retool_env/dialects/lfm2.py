@@ -19,6 +19,7 @@ CALL_START, CALL_END = "<|tool_call_start|>", "<|tool_call_end|>"
 
 class Lfm2(Dialect):
     name = "lfm2"
+    end_tokens = ("<|im_end|>",)
 
     def _scan(self, text: str) -> Scan:
         return scan_blocks(text, CALL_START, CALL_END, read_python_calls)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from retool_env.dialects.base import MAX_DEPTH, Dialect, FunctionCall, RawCall, Scan, json_depth_ok
+from retool_env.dialects.base import MAX_CALLS, MAX_DEPTH, Dialect, FunctionCall, RawCall, Scan, json_depth_ok
 from retool_env.dialects.hermes import named_arguments
 
 _DECODER = json.JSONDecoder()
@@ -29,6 +29,8 @@ def read_json_sequence(text: str, separator: str = ";") -> list[RawCall]:
         if not isinstance(call, dict):
             return [*calls, RawCall(None, error="the tool call must be a JSON object")]
         calls.append(named_arguments(call, ("name",), ("parameters", "arguments")))
+        if len(calls) > MAX_CALLS:
+            return calls
         position = end
         while position < len(text) and text[position] in " \t\r\n":
             position += 1
@@ -43,6 +45,7 @@ def read_json_sequence(text: str, separator: str = ";") -> list[RawCall]:
 
 class Llama3Json(Dialect):
     name = "llama3_json"
+    end_tokens = ("<|eot_id|>", "<|eom_id|>")
     stop_strings = ("<|eom_id|>",)
     multiple_calls = False
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from retool_env.dialects.base import MAX_DEPTH, Dialect, FunctionCall, RawCall, Scan, json_depth_ok
+from retool_env.dialects.base import MAX_CALLS, MAX_DEPTH, Dialect, FunctionCall, RawCall, Scan, json_depth_ok
 from retool_env.dialects.hermes import arguments_object, named_arguments
 
 TOOL_CALLS, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
@@ -39,11 +39,12 @@ def _read_v11(piece: str) -> RawCall:
 
 class Mistral(Dialect):
     name = "mistral"
+    end_tokens = ("</s>",)
 
     def _scan(self, text: str) -> Scan:
         pieces = text.split(TOOL_CALLS)
         scan = Scan(content=[pieces[0]])
-        for piece in pieces[1:]:
+        for piece in pieces[1:MAX_CALLS + 2]:
             if piece.lstrip().startswith("["):
                 scan.calls.extend(_read_list(piece.strip()))
             else:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from retool_env.dialects.base import Dialect, FunctionCall, RawCall, Scan
+from retool_env.dialects.base import MAX_CALLS, Dialect, FunctionCall, RawCall, Scan
 from retool_env.dialects.hermes import arguments_object
 
 _ENDS = ("<|end|>", "<|call|>", "<|return|>")
@@ -39,6 +39,7 @@ def _recipient(header: str) -> str | None:
 
 class OpenAIHarmony(Dialect):
     name = "openai"
+    end_tokens = ("<|return|>", "<|end|>")
     stop_strings = ("<|call|>",)
     multiple_calls = False
 
@@ -47,6 +48,8 @@ class OpenAIHarmony(Dialect):
             return Scan(content=[text])
         scan = Scan()
         for segment in text.split("<|start|>"):
+            if len(scan.calls) > MAX_CALLS:
+                break
             header, body = _split_body(segment)
             recipient = _recipient(header)
             if recipient is None:

@@ -8,9 +8,19 @@ decodes only that value, never the whole text with `ast`. vLLM: `--tool-call-par
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 
-from retool_env.dialects.base import MAX_DEPTH, Dialect, FunctionCall, RawCall, Scan, loads_literal
+from retool_env.dialects.base import (
+    MAX_CALLS,
+    MAX_DEPTH,
+    Dialect,
+    FunctionCall,
+    RawCall,
+    Scan,
+    loads_literal,
+    string_end,
+)
 
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
@@ -27,25 +37,25 @@ def _name_end(s: str, i: int, end: int) -> int:
     return i
 
 
+_SYNTAX = re.compile(r"[\"'()\[\]{},]")
+
+
 def value_end(s: str, i: int, end: int) -> int | None:
     """Where the literal starting at `i` ends: the first `,` or `)` outside strings and brackets. None when the
-    text ends first or brackets nest deeper than MAX_DEPTH."""
-    depth, quote = 0, ""
-    while i < end:
-        ch = s[i]
-        if quote:
-            if ch == "\\":
-                i += 2
-                continue
-            if s.startswith(quote, i):
-                i += len(quote)
-                quote = ""
-                continue
-        elif ch in "\"'":
+    text ends first or brackets nest deeper than MAX_DEPTH. One pass that jumps between syntax characters."""
+    depth = 0
+    while True:
+        match = _SYNTAX.search(s, i, end)
+        if match is None:
+            return None
+        i, ch = match.start(), match.group()
+        if ch in "\"'":
             quote = ch * 3 if s.startswith(ch * 3, i) else ch
-            i += len(quote)
+            i = string_end(s, i + len(quote), quote, end)
+            if i < 0:
+                return None
             continue
-        elif ch in "([{":
+        if ch in "([{":
             depth += 1
             if depth > MAX_DEPTH:
                 return None
@@ -53,10 +63,9 @@ def value_end(s: str, i: int, end: int) -> int | None:
             if depth == 0:
                 return i if ch == ")" else None
             depth -= 1
-        elif ch == "," and depth == 0:
+        elif depth == 0:  # a comma between arguments
             return i
         i += 1
-    return None
 
 
 def read_python_calls(text: str) -> list[RawCall]:
@@ -97,6 +106,8 @@ def read_python_calls(text: str) -> list[RawCall]:
             arguments[key] = value
             i = stop + 1 if s[stop] == "," else stop
         calls.append(RawCall(name, arguments))
+        if len(calls) > MAX_CALLS:
+            return calls
         i = _skip_space(s, i, end)
         if i < end and s[i] == ",":
             i += 1
@@ -113,6 +124,7 @@ def python_call_list(calls: Sequence[FunctionCall]) -> str:
 
 class Pythonic(Dialect):
     name = "pythonic"
+    end_tokens = ("<|eot|>", "<|eom|>", "<|eot_id|>", "<|eom_id|>")
 
     def _scan(self, text: str) -> Scan:
         body = text.strip()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from retool_env.dialects.base import Dialect, FunctionCall, RawCall, Scan, scan_blocks
+from retool_env.dialects.base import MAX_CALLS, Dialect, FunctionCall, RawCall, Scan, scan_blocks
 
 
 def _strip_layout(value: str) -> str:
@@ -32,7 +32,7 @@ def read_function(body: str) -> list[RawCall]:
     if len(pieces) == 1:
         return [RawCall(None, error="a <tool_call> block holds no <function=NAME> element")]
     calls = []
-    for piece in pieces[1:]:
+    for piece in pieces[1:MAX_CALLS + 2]:
         head_end = piece.find(">")
         if head_end < 0:
             calls.append(RawCall(None, error="<function= is not closed with >"))
@@ -73,6 +73,7 @@ def parameter_text(value: object) -> str:
 
 class Qwen3Coder(Dialect):
     name = "qwen3_coder"
+    end_tokens = ("<|im_end|>", "<|endoftext|>")
 
     def _scan(self, text: str) -> Scan:
         return scan_blocks(text, "<tool_call>", "</tool_call>", read_function)
