@@ -91,12 +91,13 @@ _PROBE_TOOL = {"type": "function", "function": {"name": _PROBE, "description": "
     "type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]}}}
 
 
-def _render(chat_template: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+def _render(chat_template: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+            add_generation_prompt: bool = False) -> str:
     from transformers.utils.chat_template_utils import render_jinja_template
 
     messages = [{k: v for k, v in m.items() if v is not None} for m in messages]  # as apply_chat_template does
     rendered, _ = render_jinja_template(conversations=[messages], tools=tools, chat_template=chat_template,
-                                        bos_token="", eos_token="")
+                                        add_generation_prompt=add_generation_prompt, bos_token="", eos_token="")
     return rendered[0]
 
 
@@ -122,16 +123,20 @@ def tool_call_shape(chat_template: str, dialect: str) -> CallShape | None:
     renders calls only when the content is None, a key `apply_chat_template` drops), so the model's calls must stay
     in the message's content as it wrote them."""
     parser = get_dialect(dialect)
-    probe = FunctionCall(_PROBE, {"x": 'y "z"\\n'})
+    probe = FunctionCall(_PROBE, {"x": "y"})
     user = [{"role": "user", "content": "u"}]
     history = _render(chat_template, user, [_PROBE_TOOL])
+    prompt = _render(chat_template, user, [_PROBE_TOOL], add_generation_prompt=True)
     for shape in (CallShape(False, ""), CallShape(True, ""), CallShape(False, None), CallShape(True, None)):
         message = parser.tool_call_message(shape.content, [probe], arguments_as_string=shape.arguments_as_string)
         try:
             rendered = _render(chat_template, [*user, message], [_PROBE_TOOL])
         except Exception:  # a template that cannot render this shape
             continue
-        calls = parser.parse(rendered[len(history):] if rendered.startswith(history) else rendered).calls
+        # What the model wrote: the render after the generation prompt (after the history alone where the prompt
+        # prefills text the render replaces, as R1-Distill's `<think>`).
+        written = rendered[len(prompt if rendered.startswith(prompt) else history):]
+        calls = parser.parse(written).calls
         if [(c.name, c.arguments) for c in calls] == [(probe.name, probe.arguments)]:
             return shape
     return None
