@@ -308,3 +308,14 @@ def test_get_dialect_names_the_choices():
     assert get_dialect("qwen3_xml") is get_dialect("qwen3_coder")
     with pytest.raises(ValueError, match=r"unknown tool-call dialect 'xml'.*qwen3_coder"):
         get_dialect("xml")
+
+
+def test_the_dialects_import_nothing_heavy():
+    """The parsers are on every step's path: importing them loads neither torch, TRL, vLLM nor transformers."""
+    import subprocess
+    import sys
+
+    code = ("import sys, retool_env.dialects; heavy = [m for m in ('torch', 'trl', 'vllm', 'transformers') "
+            "if m in sys.modules]; print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
