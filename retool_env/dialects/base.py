@@ -89,6 +89,8 @@ _SYNTAX = re.compile(r"[\"'\[\](){}]")  # one character class: a linear search, 
 def json_depth_ok(text: str, limit: int = MAX_DEPTH) -> bool:
     """Whether brackets outside string literals nest at most `limit` deep (quotes ' and " both open strings, so
     the check serves JSON and Python literals alike); one pass that jumps between syntax characters."""
+    if text.count("[") + text.count("{") + text.count("(") <= limit:  # never deeper than its openers
+        return True
     depth, i = 0, 0
     while True:
         match = _SYNTAX.search(text, i)
