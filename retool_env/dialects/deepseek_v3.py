@@ -14,8 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from retool_env.dialects.base import MAX_CALLS, Dialect, FunctionCall, RawCall, Scan, find_blocks
-from retool_env.dialects.hermes import arguments_object
+from retool_env.dialects.base import MAX_CALLS, Dialect, FunctionCall, RawCall, Scan, arguments_object, find_blocks
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"

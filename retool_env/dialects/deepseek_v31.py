@@ -10,9 +10,8 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from retool_env.dialects.base import FunctionCall, RawCall
+from retool_env.dialects.base import FunctionCall, RawCall, arguments_object
 from retool_env.dialects.deepseek_v3 import CALL_BEGIN, CALL_END, CALLS_BEGIN, CALLS_END, SEP, DeepSeekV3
-from retool_env.dialects.hermes import arguments_object
 
 
 class DeepSeekV31(DeepSeekV3):

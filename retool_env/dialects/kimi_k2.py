@@ -10,8 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from retool_env.dialects.base import MAX_CALLS, Dialect, FunctionCall, RawCall, Scan, find_blocks
-from retool_env.dialects.hermes import arguments_object
+from retool_env.dialects.base import MAX_CALLS, Dialect, FunctionCall, RawCall, Scan, arguments_object, find_blocks
 
 SECTION_BEGIN, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
 CALL_BEGIN, ARGUMENTS, CALL_END = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"

@@ -10,8 +10,16 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from retool_env.dialects.base import MAX_CALLS, MAX_DEPTH, Dialect, FunctionCall, RawCall, Scan, json_depth_ok
-from retool_env.dialects.hermes import named_arguments
+from retool_env.dialects.base import (
+    MAX_CALLS,
+    MAX_DEPTH,
+    Dialect,
+    FunctionCall,
+    RawCall,
+    Scan,
+    json_depth_ok,
+    named_arguments,
+)
 
 _DECODER = json.JSONDecoder()
 

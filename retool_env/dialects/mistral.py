@@ -10,8 +10,17 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from retool_env.dialects.base import MAX_CALLS, MAX_DEPTH, Dialect, FunctionCall, RawCall, Scan, json_depth_ok
-from retool_env.dialects.hermes import arguments_object, named_arguments
+from retool_env.dialects.base import (
+    MAX_CALLS,
+    MAX_DEPTH,
+    Dialect,
+    FunctionCall,
+    RawCall,
+    Scan,
+    arguments_object,
+    json_depth_ok,
+    named_arguments,
+)
 
 TOOL_CALLS, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 _DECODER = json.JSONDecoder()

@@ -13,8 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from retool_env.dialects.base import MAX_CALLS, Dialect, FunctionCall, RawCall, Scan
-from retool_env.dialects.hermes import arguments_object
+from retool_env.dialects.base import MAX_CALLS, Dialect, FunctionCall, RawCall, Scan, arguments_object
 
 _ENDS = ("<|end|>", "<|call|>", "<|return|>")
 
