@@ -197,16 +197,36 @@ def test_a_malformed_call_gets_an_error_showing_the_dialects_syntax(dialect):
 @pytest.mark.parametrize("dialect", sorted(DIALECTS))
 def test_unknown_functions_missing_and_mistyped_parameters_are_errors(dialect):
     parser = get_dialect(dialect)
-    unknown, missing, mistyped = parser.parse(parser.call_text([
-        FunctionCall("python", {"code": "1"}), FunctionCall("add", {"scale": 1.5}),
-        FunctionCall("add", {"a": "seven"})]) if parser.multiple_calls else "", TOOLS).calls or [None] * 3
-    if not parser.multiple_calls:
-        unknown = parser.parse(parser.call_text([FunctionCall("python", {"code": "1"})]), TOOLS).calls[0]
-        missing = parser.parse(parser.call_text([FunctionCall("add", {"scale": 1.5})]), TOOLS).calls[0]
-        mistyped = parser.parse(parser.call_text([FunctionCall("add", {"a": "seven"})]), TOOLS).calls[0]
-    assert "unknown function 'python'" in unknown.error and "'code_interpreter', 'add'" in unknown.error
-    assert "add needs the parameter 'a'" in missing.error
-    assert "'a'" in mistyped.error and "integer" in mistyped.error
+
+    def error_of(call: FunctionCall) -> str:
+        (parsed,) = parser.parse(parser.call_text([call]), TOOLS).calls
+        assert parsed.arguments is None
+        return parsed.error
+
+    unknown = error_of(FunctionCall("python", {"code": "1"}))
+    assert "unknown function 'python'" in unknown and "'code_interpreter', 'add'" in unknown
+    assert "add needs the parameter 'a'" in error_of(FunctionCall("add", {"scale": 1.5}))
+    mistyped = error_of(FunctionCall("add", {"a": "seven"}))
+    assert "'a'" in mistyped and "integer" in mistyped
+
+
+def test_harmony_reads_the_call_after_the_analysis_and_the_answer_from_the_final_channel():
+    parser = get_dialect("openai")
+    turn = parser.parse('<|channel|>analysis<|message|>Compute it.<|end|><|start|>assistant to=functions.'
+                        'code_interpreter<|channel|>commentary <|constrain|>json<|message|>{"code": "print(1)"}<|call|>',
+                        TOOLS)
+    assert [(c.name, c.arguments) for c in turn.calls] == [("code_interpreter", {"code": "print(1)"})]
+    final = parser.parse("<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>"
+                         "\\boxed{42}<|return|>", TOOLS)
+    assert final.calls == () and final.content == "\\boxed{42}"
+    (builtin,) = parser.parse("<|channel|>analysis to=python<|message|>print(1)<|call|>", TOOLS).calls
+    assert "not a function" in builtin.error
+
+
+def test_qwen3_coder_reads_a_function_without_its_tool_call_wrapper():
+    turn = get_dialect("qwen3_coder").parse("Compute.\n<function=code_interpreter>\n<parameter=code>\nprint(1)\n"
+                                            "</parameter>\n</function>", TOOLS)
+    assert turn.calls[0].arguments == {"code": "print(1)"} and turn.content == "Compute.\n"
 
 
 def test_arguments_are_unchecked_without_tools():
@@ -239,6 +259,7 @@ def hostile_inputs(size: int) -> dict[str, str]:
         "gemma": "<|tool_call>call:f{" + '<|"|>a<|"|>:' * (size // 12),
         "atem": "<atem:function_calls>" + '<atem:invoke name="f">' * (size // 22),
         "unary minus": "[f(a=" + "-" * size + "1)]",
+        "unclosed parameters": "<tool_call><function=f>" + "".join(f"<parameter=k{i}>v" for i in range(size // 20)),
     }
 
 

@@ -192,6 +192,23 @@ def find_blocks(text: str, start: str, end: str) -> Iterator[tuple[str, str | No
         position = closed + len(end)
 
 
+class Finder:
+    """`str.find` over one text that remembers each needle's last answer, so a parser that asks for the same
+    needle again from a later position costs no rescan: the searches for one needle together scan the text once."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self._last: dict[str, tuple[int, int]] = {}  # needle -> (searched from, found at or -1)
+
+    def find(self, needle: str, position: int) -> int:
+        start, found = self._last.get(needle, (-1, -1))
+        if start >= 0 and start <= position and (found < 0 or found >= position):
+            return found
+        found = self.text.find(needle, position)
+        self._last[needle] = (position, found)
+        return found
+
+
 def scan_blocks(text: str, start: str, end: str, read: Callable[[str], list[RawCall]]) -> Scan:
     """The calls of every `start ... end` block, each block's inside read by `read`; the text around the blocks is
     the content. A block left open at the end of the text makes the scan unfinished."""

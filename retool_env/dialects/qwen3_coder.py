@@ -18,7 +18,9 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from retool_env.dialects.base import MAX_CALLS, Dialect, FunctionCall, RawCall, Scan, scan_blocks
+from retool_env.dialects.base import MAX_CALLS, Dialect, Finder, FunctionCall, RawCall, Scan, scan_blocks
+
+FUNCTION, FUNCTION_END, PARAMETER, PARAMETER_END = "<function=", "</function>", "<parameter=", "</parameter>"
 
 
 def _strip_layout(value: str) -> str:
@@ -27,39 +29,52 @@ def _strip_layout(value: str) -> str:
 
 
 def read_function(body: str) -> list[RawCall]:
-    """The `<function=NAME>` elements of one `<tool_call>` block (a block normally holds one)."""
-    pieces = body.split("<function=")
-    if len(pieces) == 1:
-        return [RawCall(None, error="a <tool_call> block holds no <function=NAME> element")]
-    calls = []
-    for piece in pieces[1:MAX_CALLS + 2]:
-        head_end = piece.find(">")
+    """The `<function=NAME>` elements of one `<tool_call>` block (a block normally holds one). Read in order: a
+    value runs to its `</parameter>`, so code may hold `<parameter=` or `</function>` itself."""
+    finder, calls, position = Finder(body), [], 0
+    while len(calls) <= MAX_CALLS:
+        start = finder.find(FUNCTION, position)
+        if start < 0:
+            break
+        head_end = body.find(">", start)
         if head_end < 0:
-            calls.append(RawCall(None, error="<function= is not closed with >"))
-            continue
-        name = piece[:head_end].strip()
-        inside, closer, _ = piece[head_end + 1:].partition("</function>")
-        if not closer:
-            calls.append(RawCall(name, error=f"<function={name}> is not closed with </function>"))
-            continue
-        calls.append(_read_parameters(name, inside))
-    return calls
+            calls.append(RawCall(None, error=f"{FUNCTION} is not closed with >"))
+            break
+        name = body[start + len(FUNCTION):head_end].strip()
+        arguments, position, error = _read_parameters(body, finder, head_end + 1)
+        end = finder.find(FUNCTION_END, position)
+        if error is None and end < 0:
+            error = f"{FUNCTION}{name}> is not closed with {FUNCTION_END}"
+        if error is not None:
+            calls.append(RawCall(name, error=error))
+            break
+        calls.append(RawCall(name, arguments, text_valued=True))
+        position = end + len(FUNCTION_END)
+    return calls or [RawCall(None, error=f"a <tool_call> block holds no {FUNCTION}NAME> element")]
 
 
-def _read_parameters(name: str, inside: str) -> RawCall:
+def _read_parameters(body: str, finder: Finder, position: int) -> tuple[dict[str, str], int, str | None]:
+    """The `<parameter=KEY>VALUE</parameter>` elements from `position` on, up to the first other text."""
     arguments: dict[str, str] = {}
-    for piece in inside.split("<parameter=")[1:]:
-        head_end = piece.find(">")
+    while True:
+        while position < len(body) and body[position] in " \t\r\n":
+            position += 1
+        if not body.startswith(PARAMETER, position):
+            return arguments, position, None
+        head_end = body.find(">", position)
         if head_end < 0:
-            return RawCall(name, error="<parameter= is not closed with >")
-        key = piece[:head_end].strip()
-        value, closer, _ = piece[head_end + 1:].partition("</parameter>")
-        if not closer:  # the next <parameter= or </function> ends an unclosed value, as vLLM reads it
-            value = value.rstrip()
+            return arguments, position, f"{PARAMETER} is not closed with >"
+        key = body[position + len(PARAMETER):head_end].strip()
+        close = finder.find(PARAMETER_END, head_end)
+        if close < 0:  # an unclosed value ends at the next parameter or at </function>, as vLLM reads it
+            ends = [i for i in (finder.find(PARAMETER, head_end), finder.find(FUNCTION_END, head_end)) if i >= 0]
+            close = min(ends, default=len(body))
+            value, position = body[head_end + 1:close].rstrip(), close
+        else:
+            value, position = body[head_end + 1:close], close + len(PARAMETER_END)
         if key in arguments:
-            return RawCall(name, error=f"the parameter {key!r} is given twice")
+            return arguments, position, f"the parameter {key!r} is given twice"
         arguments[key] = _strip_layout(value)
-    return RawCall(name, arguments, text_valued=True)
 
 
 def parameter_text(value: object) -> str:
@@ -76,6 +91,9 @@ class Qwen3Coder(Dialect):
     end_tokens = ("<|im_end|>", "<|endoftext|>")
 
     def _scan(self, text: str) -> Scan:
+        if "<tool_call>" not in text and "<function=" in text:  # the wrapper forgotten, as vLLM accepts
+            start = text.find("<function=")
+            return Scan(calls=read_function(text[start:]), content=[text[:start]])
         return scan_blocks(text, "<tool_call>", "</tool_call>", read_function)
 
     def call_text(self, calls: Sequence[FunctionCall]) -> str:
