@@ -1,6 +1,6 @@
 """Parse time per tool-call dialect: a typical turn (reasoning text, then a ~100-token code_interpreter call), and
-a hostile 1 MB turn per dialect, side by side with the hermes parse the environment runs today
-(`retool_env.formats.HermesFormat`'s regex and `parse_hermes_call`) as the baseline.
+a hostile 1 MB turn per dialect, side by side with the hermes parse the environment runs today (the text part of
+`HermesFormat.parse`, after decoding) as the baseline.
 
 The budget a parse must stay under is 2% of the time vLLM takes to generate the 100-token call at 5,000 tokens/s
 (20 ms), so 0.4 ms.
@@ -17,7 +17,8 @@ import statistics
 import time
 
 from retool_env.dialects import DIALECTS, FunctionCall, get_dialect
-from retool_env.formats import CODE_INTERPRETER_TOOL, HermesFormat, parse_hermes_call
+from retool_env.formats import CODE_INTERPRETER_TOOL, make_format
+from retool_env.offline import tiny_tokenizer
 
 CODE = ("import sympy as sp\nx = sp.symbols('x')\nroots = sp.solve(x**3 - 6*x**2 + 11*x - 6, x)\n"
         "print(roots)\nprint(sum(r**2 for r in roots))\nfor k in range(1, 6):\n    print(k, k**3 % 7)\n")
@@ -57,7 +58,8 @@ def main() -> None:
     args = parser.parse_args()
     call = FunctionCall("code_interpreter", {"code": CODE})
     hermes_text = REASONING + get_dialect("hermes").call_text([call])
-    baseline = median_time(args.repeats, lambda: [parse_hermes_call(b) for b in HermesFormat._CALL.findall(hermes_text)])
+    hermes_format = make_format("hermes", tiny_tokenizer())
+    baseline = median_time(args.repeats, lambda: hermes_format._parse_text(hermes_text, True))
     results = {"machine": platform.processor() or platform.machine(), "python": platform.python_version(),
                "baseline_hermes_format_ms": round(baseline * 1e3, 4), "dialects": {}}
     hostile = hostile_inputs(1_000_000)
