@@ -39,6 +39,9 @@ def hostile_inputs(size: int) -> dict[str, str]:
         "gemma": "<|tool_call>call:f{" + '<|"|>a<|"|>:' * (size // 12),
         "atem": "<atem:function_calls>" + '<atem:invoke name="f">' * (size // 22),
         "unary minus": "[f(a=" + "-" * size + "1)]",
+        "deepseek calls": "<｜tool▁calls▁begin｜>" + "<｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n" * (size // 40),
+        "json calls": '{"name": "f", "parameters": {}}; ' * (size // 34),
+        "deep braces": "{" * size,
     }
 
 

@@ -259,6 +259,8 @@ def hostile_inputs(size: int) -> dict[str, str]:
         "gemma": "<|tool_call>call:f{" + '<|"|>a<|"|>:' * (size // 12),
         "atem": "<atem:function_calls>" + '<atem:invoke name="f">' * (size // 22),
         "unary minus": "[f(a=" + "-" * size + "1)]",
+        "json calls": '{"name": "f", "parameters": {}}; ' * (size // 34),
+        "deep braces": "{" * size,
         "unclosed parameters": "<tool_call><function=f>" + "".join(f"<parameter=k{i}>v" for i in range(size // 20)),
     }
 
