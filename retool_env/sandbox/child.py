@@ -3,6 +3,9 @@
 A single-use child runs one request. A session head holds an episode's state and runs each cell in a fork of itself;
 the fork becomes the new head only if the cell succeeded, so a crash or a timeout rolls the state back. A session is
 as trusted as its code: everything a head says is checked by the server, and concerns only its own episode.
+
+Every child confirms "confined, about to run" (`run` on its code socket, `S` from a cell) right before the code
+starts: from then on whatever happens is the code's own outcome, so code cannot pass itself off as a sandbox failure.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import resource
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from . import cell, confine
@@ -34,12 +38,14 @@ def _apply_request_limits(request: dict[str, Any], base_memory_mb: int) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (lower, lower))
 
 
-def execute(request: dict[str, Any], buffer: cell.OutputBuffer, namespace: dict[str, Any], *, memory_mb: int,
-            traceback_lines: int) -> int:
-    """Run one request's code in `namespace`; the exit code the process should end with."""
+def execute(request: dict[str, Any], buffer: cell.OutputBuffer, namespace: dict[str, Any], started: Callable[[], Any],
+            *, memory_mb: int, traceback_lines: int) -> int:
+    """Run one request's code in `namespace`, calling `started()` just before it; the exit code the process should
+    end with."""
     _apply_request_limits(request, memory_mb)
     sys.stdin = io.StringIO(request.get("stdin") or "")
     cell.capture(buffer)
+    started()
     status, code = cell.run_cell(
         request["code"], namespace, echo=request.get("echo", True), traceback_lines=traceback_lines
     )
@@ -67,14 +73,14 @@ def _rehearse() -> None:
 
 
 def single_use_main(code_fd: int, buffer: cell.OutputBuffer, **limits: Any) -> None:
-    """Run one request; say `done <exit code>` on the same socket before exiting, so the server answers without
-    waiting for the kernel to tear down this process's namespaces (it kills the process then, in case the report
-    came from the code itself: a call can only cut its own output short that way)."""
+    """Run one request: say `run` on the code socket just before the code starts, and `done <exit code>` before
+    exiting, so the server answers without waiting for the kernel to tear down this process's namespaces (it kills
+    the process then, in case the report came from the code itself: a call can only cut its own output short)."""
     _rehearse()
     request = read_frame_blocking(code_fd)
     if request is None:
         os._exit(0)
-    code = execute(request, buffer, _fresh_namespace(), **limits)
+    code = execute(request, buffer, _fresh_namespace(), lambda: os.write(code_fd, b"run\n"), **limits)
     with contextlib.suppress(OSError):
         os.write(code_fd, f"done {code}\n".encode())
     os._exit(code)
@@ -109,8 +115,10 @@ def _reap_strays(waitpid: Any) -> None:
 
 def session_head_main(command_fd: int, status_fd: int, buffer: cell.OutputBuffer, zygote: int,
                       **limits: Any) -> None:
-    """Hold an episode's state; report each cell on the status pipe: `C <pid>`, then `T` (took over, and `R` from
-    the new head once it is the zygote's) or `X <status>`."""
+    """Hold an episode's state; report each cell on the status socket: `C <pid>`, then `T` (took over, and `R` from
+    the new head once it is the zygote's) or `X <status>`; the cell says `S` just before its code starts. The
+    server learns from the kernel which process wrote each message (SO_PASSCRED), so a cell, which holds the same
+    socket, speaks only for itself."""
     namespace = _fresh_namespace()
     # Once its head exits, a cell that took over leads an orphaned process group, which the kernel sends SIGHUP.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -126,7 +134,7 @@ def session_head_main(command_fd: int, status_fd: int, buffer: cell.OutputBuffer
         if pid == 0:
             os.close(takeover_r)
             os.setpgid(0, 0)  # its own group, so a timeout kills the cell and not the head
-            code = execute(request, buffer, namespace, **limits)
+            code = execute(request, buffer, namespace, lambda: write(status_fd, b"S\n"), **limits)
             if buffer.status() != cell.STATUS_OK:
                 os._exit(code)
             old_head = os.getppid()

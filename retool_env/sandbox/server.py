@@ -65,14 +65,73 @@ class Child:
     exited: asyncio.Future[tuple[int, float, bool]]  # (wait status, CPU seconds, killed for memory)
     sid: int  # the session it leads: kept when a cell takes over as head
     status_fd: int = -1  # session heads report each cell on it
+    report: bytes = b""  # what a single-use child said on its code socket: `run\n`, then `done <exit code>\n`
+    report_closed: bool = False
+
+    @property
+    def started(self) -> bool:
+        """The child said it is confined and about to run the code: whatever happens next is the code's doing."""
+        return self.report.startswith(b"run\n")
+
+
+class StatusChannel:
+    """A session's status socket (SOCK_SEQPACKET). Head and cells all hold the other end, so every message comes
+    with the pid of the process that wrote it, as the kernel saw it (SCM_CREDENTIALS): a cell cannot speak for its
+    head, and nothing speaks for the server."""
+
+    def __init__(self, fd: int) -> None:
+        self.sock = socket.socket(fileno=fd)
+        self.sock.setblocking(False)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        self.messages: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue()
+        self.loop = asyncio.get_running_loop()
+        self.loop.add_reader(self.sock.fileno(), self._on_readable)
+
+    def _on_readable(self) -> None:
+        for _ in range(64):  # then let the loop breathe: a cell may write as fast as it can
+            try:
+                data, ancillary, _, _ = self.sock.recvmsg(64, socket.CMSG_SPACE(struct.calcsize("3i")))
+            except BlockingIOError:
+                return
+            except OSError:
+                data, ancillary = b"", []
+            if not data:
+                self.loop.remove_reader(self.sock.fileno())
+                self.messages.put_nowait((0, b""))
+                return
+            pid = next((struct.unpack("3i", d[:12])[0] for level, kind, d in ancillary
+                        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(d) >= 12), 0)
+            if self.messages.qsize() < 256:
+                self.messages.put_nowait((pid, data))
+
+    def clear(self) -> None:
+        """Forget what earlier calls left unread."""
+        while not self.messages.empty() and self.messages.get_nowait()[1]:
+            pass
+
+    async def next_from(self, pids: set[int], deadline: float) -> tuple[int, bytes]:
+        """The next message written by one of `pids` (others are dropped); (0, b"") once every writer is gone.
+        Raises TimeoutError past `deadline` (perf_counter)."""
+        while True:
+            pid, data = await asyncio.wait_for(self.messages.get(), max(0.0, deadline - time.perf_counter()))
+            if not data:
+                self.messages.put_nowait((0, b""))  # stays closed
+                return 0, b""
+            if pid in pids:
+                return pid, data
+
+    def close(self) -> None:
+        with contextlib.suppress(ValueError, OSError):
+            self.loop.remove_reader(self.sock.fileno())
+        self.sock.close()
 
 
 @dataclass
 class Session:
     head: Child
-    status: asyncio.StreamReader
-    transport: asyncio.BaseTransport
+    status: StatusChannel
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    took_over: bool = False  # a cell became the head: the head's process now holds what model code left in it
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
@@ -157,7 +216,7 @@ class Server:
         buffer = cell.OutputBuffer(self.config.max_output_bytes)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # code in, `done <exit code>` out
         code_w, code_r = ours.detach(), theirs.detach()
-        status_r, status_w = os.pipe() if session else (-1, -1)
+        status_r, status_w = (s.detach() for s in socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)) if session else (-1, -1)
         forked = self.forking[cid] = asyncio.get_running_loop().create_future()
         try:
             send_message(self.zygote, {"op": "fork", "cid": cid, "session": session},
@@ -210,7 +269,8 @@ class Server:
     # -- results -------------------------------------------------------------------------------------------------
 
     def _result(self, child: Child, exit_info: tuple[int, float, bool], request: dict[str, Any], duration: float,
-                timed_out: bool) -> dict[str, Any]:
+                timed_out: bool, started: bool) -> dict[str, Any]:
+        """The call's result; `sandbox_error` only when the child never said it was about to run the code."""
         wait_status, cpu, oom = exit_info
         stdout, stdout_truncated = child.buffer.read(0)
         stderr, stderr_truncated = child.buffer.read(1)
@@ -221,7 +281,10 @@ class Server:
         memory = request.get("memory_mb") or self.config.memory_mb
         if os.WIFEXITED(wait_status):
             exit_code = os.WEXITSTATUS(wait_status)
-        if timed_out:
+        if not started:
+            why = f"did not start the code within the {timeout:g} s time limit" if timed_out else "could not confine the call"
+            status, note = "sandbox_error", f"SandboxError: the sandbox {why}; the code did not run"
+        elif timed_out:
             status, note = "timeout", f"TimeoutError: execution exceeded the {timeout:g} s time limit"
         elif os.WIFSIGNALED(wait_status):
             sig = os.WTERMSIG(wait_status)
@@ -235,8 +298,6 @@ class Server:
             status, note = "memory", f"MemoryError: execution exceeded the {memory} MB memory limit"
         elif exit_code == 0:
             status = "ok"
-        elif exit_code in (70, 71) and state == cell.STATUS_UNSET:
-            status, note = "sandbox_error", "SandboxError: the sandbox could not confine the call; the code did not run"
         else:
             status = "error"
             if not stderr.strip():
@@ -247,32 +308,37 @@ class Server:
         }  # fmt: skip
 
     @staticmethod
-    async def _read_done(fd: int) -> int | None:
-        """The exit code a single-use child reports just before it exits, or None (it closed, or sent garbage)."""
+    def _absorb(child: Child) -> None:
+        """Take in what a single-use child has said on its code socket so far (a few bytes at most)."""
+        while len(child.report) < 64 and not child.report_closed:
+            try:
+                chunk = os.read(child.code_fd, 64)
+            except BlockingIOError:
+                return
+            except OSError:
+                chunk = b""
+            if not chunk:
+                child.report_closed = True
+            child.report += chunk
+
+    async def _read_done(self, child: Child) -> int | None:
+        """The exit code a single-use child reports after `run`, just before it exits, or None (it closed, or sent
+        garbage)."""
         loop = asyncio.get_running_loop()
-        data = b""
-        while not data.endswith(b"\n") and len(data) < 32:
+        while not child.report_closed and child.report.count(b"\n") < 2 and len(child.report) < 64:
             ready: asyncio.Future[None] = loop.create_future()
-            loop.add_reader(fd, _resolve, ready)
+            loop.add_reader(child.code_fd, _resolve, ready)
             try:
                 await ready
             finally:
-                loop.remove_reader(fd)
-            try:
-                chunk = os.read(fd, 32)
-            except BlockingIOError:
-                continue
-            except OSError:
-                return None
-            if not chunk:
-                return None
-            data += chunk
-        match = re.fullmatch(rb"done (\d{1,3})\n", data)
+                loop.remove_reader(child.code_fd)
+            self._absorb(child)
+        match = re.fullmatch(rb"run\ndone (\d{1,3})\n", child.report)
         return int(match.group(1)) & 0xFF if match else None
 
     async def _finished(self, child: Child) -> tuple[int, float, bool]:
         """How the child ended: its own report (then it is killed, its teardown unwaited), else its exit."""
-        reader = asyncio.ensure_future(self._read_done(child.code_fd))
+        reader = asyncio.ensure_future(self._read_done(child))
         try:
             await asyncio.wait({reader, child.exited}, return_when=asyncio.FIRST_COMPLETED)
             if reader.done() and reader.result() is not None:
@@ -316,7 +382,8 @@ class Server:
                         os.killpg(child.pid, signal.SIGKILL)
                     exit_info = await child.exited
                 duration = time.perf_counter() - start
-                return self._result(child, exit_info, request, duration, timed_out)
+                self._absorb(child)  # its `run` may still be unread when its exit is reported first
+                return self._result(child, exit_info, request, duration, timed_out, child.started)
             finally:
                 self.running.pop(child.pid, None)
                 # After the response is written (call_soon): the child is already dead or dying, and the release and
@@ -330,12 +397,9 @@ class Server:
             idle = [key for key, s in self.sessions.items() if not s.lock.locked()]
             self._close(self.sessions.pop(idle[0] if idle else next(iter(self.sessions))))
         head = await self._fork(session=True)
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader()
-        pipe = os.fdopen(head.status_fd, "rb", 0)
-        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
-        head.status_fd = -1  # owned by the transport now
-        session = Session(head, reader, transport)
+        status = StatusChannel(head.status_fd)
+        head.status_fd = -1  # owned by the channel now
+        session = Session(head, status)
         self.sessions[name] = session
         return session
 
@@ -353,7 +417,7 @@ class Server:
         return parent in (head.pid, self.zygote_pid) and group == pid and sid == head.sid
 
     def _close(self, session: Session) -> None:
-        session.transport.close()
+        session.status.close()
         confine.kill_session(session.head.sid)
         self._discard(session.head)
 
@@ -375,50 +439,63 @@ class Server:
         return await asyncio.shield(opening)
 
     async def run_session(self, name: str, request: dict[str, Any]) -> dict[str, Any]:
+        """One cell of a session. Only the head's messages say how the cell ended, and only the cell's `S` that its
+        code started (the kernel names each message's writer). Once a cell has taken over, the head's process is
+        one that model code ran in: whatever becomes of it is the code's outcome, never `sandbox_error`."""
         session = await self._session(name)
         if self.sessions.get(name) is session:
             self.sessions.move_to_end(name)
         async with session.lock, self.semaphore:
             head = session.head
             head.buffer.reset()
+            session.status.clear()
             start = time.perf_counter()
             deadline = start + request["timeout"]
             timed_out = False
+            started = session.took_over
             problem = ""
             cell_pid = -1
+            line = b""
             try:
                 with contextlib.suppress(OSError):
                     os.kill(head.pid, signal.SIGCONT)
                 await self._send(head.code_fd, request)
-                line = await asyncio.wait_for(session.status.readline(), max(0.0, deadline - time.perf_counter()) + 5)
+                _, line = await session.status.next_from({head.pid}, deadline + 5)
                 cell_pid = int(line.split()[1])
                 # A quick cell may already have taken over, its head gone and the zygote its parent.
                 if not line.startswith(b"C ") or not self._is_cell(cell_pid, head, gone_ok=True):
                     raise ValueError(f"unexpected report from the session head: {line!r}")
-                try:
-                    line = await asyncio.wait_for(session.status.readline(), max(0.0, deadline - time.perf_counter()))
-                except asyncio.TimeoutError:
-                    timed_out = True
-                    if self._is_cell(cell_pid, head):
-                        with contextlib.suppress(OSError):
-                            os.killpg(cell_pid, signal.SIGKILL)
-                    line = await asyncio.wait_for(session.status.readline(), 2.0)
+                while True:
+                    try:
+                        pid, line = await session.status.next_from({head.pid, cell_pid}, deadline)
+                    except asyncio.TimeoutError:
+                        timed_out = True
+                        if self._is_cell(cell_pid, head):
+                            with contextlib.suppress(OSError):
+                                os.killpg(cell_pid, signal.SIGKILL)
+                        _, line = await session.status.next_from({head.pid}, time.perf_counter() + 2.0)
+                        break
+                    if pid == cell_pid and line == b"S\n":
+                        started = True
+                    elif pid == head.pid:
+                        break
             except (asyncio.TimeoutError, OSError, ValueError, IndexError) as exc:
                 problem = f" ({type(exc).__name__}: {exc})"
                 line = b""
             duration = time.perf_counter() - start
-            if line == b"T\n" and self._is_cell(cell_pid, head):
+            if line == b"T\n" and started and self._is_cell(cell_pid, head):
                 exited = self.waiters[cell_pid] = asyncio.get_running_loop().create_future()  # the new head
                 session.head = Child(head.cid, cell_pid, head.code_fd, head.buffer, exited, sid=head.sid)
+                session.took_over = True
                 # Ready once the old head has exited and the zygote adopted the new one, which dies with it from
                 # then on: a loaded machine may take seconds, so the wait is what is left of the call's time limit,
                 # plus 5 s, as for its first report. Without it the next call finds the session broken.
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(session.status.readline(), max(0.0, deadline - time.perf_counter()) + 5)
+                    await session.status.next_from({cell_pid}, deadline + 5)
                 self._pause(session)
-                return self._result(session.head, (0, 0.0, False), request, duration, False)
-            if line.startswith(b"X "):
-                result = self._result(head, (int(line.split()[1]), 0.0, False), request, duration, timed_out)
+                return self._result(session.head, (0, 0.0, False), request, duration, False, True)
+            if line.startswith(b"X ") and line[2:-1].isdigit() and line.endswith(b"\n"):
+                result = self._result(head, (int(line[2:-1]), 0.0, False), request, duration, timed_out, started)
                 self._pause(session)
                 return result
             if self.sessions.get(name) is session:
@@ -427,6 +504,9 @@ class Server:
             if timed_out:
                 note = f"TimeoutError: execution exceeded the {request['timeout']:g} s time limit; the session was reset"
                 return {"status": "timeout", "note": note, "duration": duration}
+            if started:
+                note = "Killed: the session's interpreter, which runs the code, died; its state is lost and the session was reset"
+                return {"status": "killed", "note": note + problem, "duration": duration}
             note = f"SandboxError: the session's interpreter died and its state is lost{problem}"
             return {"status": "sandbox_error", "note": note, "duration": duration}
 
