@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import cell, confine, zygote
+from .cgroups import CallGroup
 from .protocol import pack, read_frame, recv_message, send_message
 
 PRELOAD = [
@@ -51,6 +52,7 @@ class Config(zygote.ZygoteConfig):
     max_concurrency: int = 2
     prefork: int = 2
     max_sessions: int = 64
+    session_memory_mb: int = 0  # what idle sessions may hold in all; 0: half the memory available at start
     preload: list[str] = field(default_factory=lambda: list(PRELOAD))
 
 
@@ -65,6 +67,7 @@ class Child:
     exited: asyncio.Future[tuple[int, float, bool]]  # (wait status, CPU seconds, killed for memory)
     sid: int  # the session it leads: kept when a cell takes over as head
     status_fd: int = -1  # session heads report each cell on it
+    group: CallGroup | None = None  # its cgroup (a session's cells share it): what it holds in memory
     report: bytes = b""  # what a single-use child said on its code socket: `run\n`, then `done <exit code>\n`
     report_closed: bool = False
 
@@ -132,11 +135,28 @@ class Session:
     status: StatusChannel
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     took_over: bool = False  # a cell became the head: the head's process now holds what model code left in it
+    memory: int = 0  # bytes it held when last paused (a stopped session does not grow)
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
+
+
+def _available_mb() -> int:
+    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) >> 10
+    return 4096
+
+
+def _anonymous_bytes(pid: int) -> int:
+    """Resident pages not backed by a file (statm: resident minus shared), readable for any pid."""
+    with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{pid}/statm") as f:
+        fields = f.read().split()
+        return (int(fields[1]) - int(fields[2])) * os.sysconf("SC_PAGE_SIZE")
+    return 0
 
 
 def warm_up(preload: list[str]) -> None:
@@ -173,7 +193,7 @@ class Server:
         self.zygote_pid = zygote_pid
         self.semaphore = asyncio.Semaphore(config.max_concurrency)
         self.pool: list[Child] = []
-        self.forking: dict[int, asyncio.Future[tuple[int, asyncio.Future[Any]]]] = {}
+        self.forking: dict[int, asyncio.Future[tuple[int, asyncio.Future[Any], CallGroup | None]]] = {}
         self.waiters: dict[int, asyncio.Future[tuple[int, float, bool]]] = {}
         self.sessions: OrderedDict[str, Session] = OrderedDict()
         self.opening: dict[str, asyncio.Future[Session]] = {}
@@ -182,6 +202,9 @@ class Server:
         self.stopped = asyncio.Event()
         self.refilling = False
         self.layers: dict[str, Any] = {}
+        self.memory_budget = (config.session_memory_mb or _available_mb() // 2) << 20
+        self.zygote_anon = _anonymous_bytes(zygote_pid)
+        self.evicted = 0  # sessions closed to fit the memory budget
 
     # -- the zygote ----------------------------------------------------------------------------------------------
 
@@ -204,7 +227,8 @@ class Server:
                 return
             exited = self.waiters[message["pid"]] = loop.create_future()  # before its exit can be reported
             if waiter is not None and not waiter.done():
-                waiter.set_result((message["pid"], exited))
+                group = message.get("group")
+                waiter.set_result((message["pid"], exited, CallGroup(group[0], tuple(group[1])) if group else None))
         elif message["op"] == "exit":
             waiter = self.waiters.pop(message["pid"], None)
             if waiter is not None and not waiter.done():
@@ -226,9 +250,9 @@ class Server:
             buffer.release_fd()
             if status_w >= 0:
                 os.close(status_w)
-        pid, exited = await forked
+        pid, exited, group = await forked
         os.set_blocking(code_w, False)
-        return Child(cid, pid, code_w, buffer, exited, sid=pid, status_fd=status_r)
+        return Child(cid, pid, code_w, buffer, exited, sid=pid, status_fd=status_r, group=group)
 
     def _discard(self, child: Child) -> None:
         """Kill a child's group, free its pipes and buffer, and have the zygote clean up after it. Idempotent."""
@@ -422,10 +446,34 @@ class Server:
         self._discard(session.head)
 
     def _pause(self, session: Session) -> None:
-        """Between calls nothing of a session runs: its strays are killed and its head stopped."""
+        """Between calls nothing of a session runs: its strays are killed and its head stopped. Then idle sessions,
+        the least recently used first, are closed until what they hold fits the memory budget."""
         confine.kill_session(session.head.sid, keep=session.head.pid)
         with contextlib.suppress(OSError):
             os.kill(session.head.pid, signal.SIGSTOP)
+        session.memory = self._memory_of(session.head)
+        self._fit_memory_budget(keep=session)
+
+    def _memory_of(self, head: Child) -> int:
+        """Bytes a stopped session holds: its cgroup's charge (its /tmp included), else its head's private pages
+        beyond what it shares with the zygote (an estimate: files in its /tmp are not seen)."""
+        if head.group is not None:
+            charged = head.group.memory_bytes()
+            if charged is not None:
+                return charged
+        return max(0, _anonymous_bytes(head.pid) - self.zygote_anon)
+
+    def _fit_memory_budget(self, keep: Session | None) -> None:
+        total = sum(s.memory for s in self.sessions.values())
+        for name, session in list(self.sessions.items()):  # least recently used first
+            if total <= self.memory_budget:
+                return
+            if session is keep or session.lock.locked():
+                continue
+            total -= session.memory
+            del self.sessions[name]
+            self._close(session)
+            self.evicted += 1
 
     async def _session(self, name: str) -> Session:
         """The named session, opened once even when several of its calls arrive together."""
@@ -485,7 +533,8 @@ class Server:
             duration = time.perf_counter() - start
             if line == b"T\n" and started and self._is_cell(cell_pid, head):
                 exited = self.waiters[cell_pid] = asyncio.get_running_loop().create_future()  # the new head
-                session.head = Child(head.cid, cell_pid, head.code_fd, head.buffer, exited, sid=head.sid)
+                session.head = Child(head.cid, cell_pid, head.code_fd, head.buffer, exited, sid=head.sid,
+                                     group=head.group)
                 session.took_over = True
                 # Ready once the old head has exited and the zygote adopted the new one, which dies with it from
                 # then on: a loaded machine may take seconds, so the wait is what is left of the call's time limit,
@@ -521,6 +570,9 @@ class Server:
             "pid": os.getpid(),
             "pool": len(self.pool),
             "sessions": len(self.sessions),
+            "session_memory_mb": sum(s.memory for s in self.sessions.values()) >> 20,
+            "session_memory_budget_mb": self.memory_budget >> 20,
+            "sessions_evicted": self.evicted,
             "running": len(self.running),
             "layers": self.layers,
         }
