@@ -115,42 +115,36 @@ def _reap_strays(waitpid: Any) -> None:
 
 def session_head_main(command_fd: int, status_fd: int, buffer: cell.OutputBuffer, zygote: int,
                       **limits: Any) -> None:
-    """Hold an episode's state; report each cell on the status socket: `C <pid>`, then `T` (took over, and `R` from
-    the new head once it is the zygote's) or `X <status>`; the cell says `S` just before its code starts. The
-    server learns from the kernel which process wrote each message (SO_PASSCRED), so a cell, which holds the same
-    socket, speaks only for itself."""
+    """Hold an episode's state; report each cell on the status socket: `C <pid>`, then `T` (it took over) or
+    `X <wait status>`; the cell says `S` just before its code starts. A cell holds no channel to its head: it ends
+    by stopping itself, which the head sees through the kernel (waitpid), and the server learns from the kernel
+    which process wrote each message (SO_PASSCRED), so a cell, which holds the same socket, speaks only for itself."""
     namespace = _fresh_namespace()
     # Once its head exits, a cell that took over leads an orphaned process group, which the kernel sends SIGHUP.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    fork, write, read, waitpid = os.fork, os.write, os.read, os.waitpid  # user code may rebind the os module's names
+    # User code may rebind the os module's names.
+    fork, write, kill, waitpid, getppid = os.fork, os.write, os.kill, os.waitpid, os.getppid
     while True:
         _die_with(zygote)
         _reap_strays(waitpid)
         request = read_frame_blocking(command_fd)
         if request is None:
             os._exit(0)
-        takeover_r, takeover_w = os.pipe()
         pid = fork()
         if pid == 0:
-            os.close(takeover_r)
             os.setpgid(0, 0)  # its own group, so a timeout kills the cell and not the head
             code = execute(request, buffer, namespace, lambda: write(status_fd, b"S\n"), **limits)
             if buffer.status() != cell.STATUS_OK:
                 os._exit(code)
-            old_head = os.getppid()
-            write(takeover_w, b"T")
-            os.close(takeover_w)
+            old_head = getppid()
+            kill(0, signal.SIGSTOP)  # done: the head takes this stop as the cell's success and hands over
             _die_with(zygote, old_head)  # adopted by the zygote once the old head is gone: dies with it from now on
-            write(status_fd, b"R\n")  # ready: the server may stop this head until the session's next call
             continue  # this fork is the new head, with the cell's state
-        os.close(takeover_w)
         with contextlib.suppress(OSError):
             os.setpgid(pid, pid)  # also here, so the group exists before the server may need to kill it
         write(status_fd, f"C {pid}\n".encode())
-        took_over = read(takeover_r, 1) == b"T"
-        os.close(takeover_r)
-        if took_over:
+        _, wait_status = waitpid(pid, os.WUNTRACED)
+        if os.WIFSTOPPED(wait_status):
             write(status_fd, b"T\n")
             os._exit(0)
-        _, wait_status = waitpid(pid, 0)
         write(status_fd, f"X {wait_status}\n".encode())

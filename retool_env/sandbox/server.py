@@ -109,8 +109,11 @@ class StatusChannel:
 
     def clear(self) -> None:
         """Forget what earlier calls left unread."""
-        while not self.messages.empty() and self.messages.get_nowait()[1]:
-            pass
+        closed = False
+        while not self.messages.empty():
+            closed |= not self.messages.get_nowait()[1]
+        if closed:
+            self.messages.put_nowait((0, b""))
 
     async def next_from(self, pids: set[int], deadline: float) -> tuple[int, bytes]:
         """The next message written by one of `pids` (others are dropped); (0, b"") once every writer is gone.
@@ -235,7 +238,7 @@ class Server:
                 waiter.set_result((message["status"], message["cpu"], message["oom"]))
 
     async def _fork(self, *, session: bool) -> Child:
-        """Have the zygote fork a confined child with a private code pipe and output buffer (and status pipe)."""
+        """Have the zygote fork a confined child with a private code pipe and output buffer (and status socket)."""
         cid = next(self.cids)
         buffer = cell.OutputBuffer(self.config.max_output_bytes)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # code in, `done <exit code>` out
@@ -428,7 +431,7 @@ class Server:
         return session
 
     def _is_cell(self, pid: int, head: Child, *, gone_ok: bool = False) -> bool:
-        """The status pipe is writable by cell code, so check a reported pid before trusting or signalling it.
+        """A head that took over is a process model code ran in, so check a pid it reports before signalling it.
         `gone_ok`: a quick cell may have ended (and been reaped) before we look."""
         try:
             with open(f"/proc/{pid}/stat") as f:
@@ -536,11 +539,11 @@ class Server:
                 session.head = Child(head.cid, cell_pid, head.code_fd, head.buffer, exited, sid=head.sid,
                                      group=head.group)
                 session.took_over = True
-                # Ready once the old head has exited and the zygote adopted the new one, which dies with it from
-                # then on: a loaded machine may take seconds, so the wait is what is left of the call's time limit,
-                # plus 5 s, as for its first report. Without it the next call finds the session broken.
+                # Stop the new head only once the old one has exited: its exit orphans the new head's process group,
+                # and the kernel then sends it SIGCONT. A loaded machine may take seconds, so the wait is what is
+                # left of the call's time limit, plus 5 s, as for its first report.
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await session.status.next_from({cell_pid}, deadline + 5)
+                    await asyncio.wait_for(asyncio.shield(head.exited), max(0.0, deadline - time.perf_counter()) + 5)
                 self._pause(session)
                 return self._result(session.head, (0, 0.0, False), request, duration, False, True)
             if line.startswith(b"X ") and line[2:-1].isdigit() and line.endswith(b"\n"):

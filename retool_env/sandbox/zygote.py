@@ -3,7 +3,7 @@
 Model code must never find another call's code or output in its own memory. Every child is a copy of the process
 that forked it, so that process must never have held any: the server receives code and reads output, the zygote
 only forks. It gives each child its own uid (from a pool, when root), its own cgroup (one per slot), its own session, and the
-descriptors the server passed for it (code pipe, output memfd, status pipe), which it closes right after the fork.
+descriptors the server passed for it (code socket, output memfd, status socket), which it closes right after the fork.
 It reaps every child (it is their sub-reaper) and reports each exit; on `release` it kills whatever a call left
 running, and frees its uid and cgroup for the next call once nothing of it is left.
 
