@@ -503,3 +503,24 @@ def test_the_package_is_bound_back_not_the_checkout_around_it(monkeypatch):
     paths = isolation.python_paths()
     assert str(package) in paths or any(str(package).startswith(p + "/") for p in paths)
     assert str(package.parent) not in paths
+
+
+def test_idle_sessions_are_held_to_a_memory_budget():
+    """Three sessions each keep 150 MB under a 300 MB budget: the least recently used idle ones are closed (their
+    state is gone), the newest keeps its state, and what idle sessions hold stays within the budget."""
+    hold = "block = b'x' * (150 << 20)\nlen(block)"
+
+    async def main():
+        with LocalSandbox(timeout=20, memory_mb=512, session_memory_mb=300) as sb:
+            for name in ("first", "second", "third"):
+                assert (await sb.run(hold, session=name)).status == "ok"
+            info = await sb.info()
+            first = await sb.run("len(block)", session="first")
+            third = await sb.run("len(block)", session="third")
+            return info, first, third
+
+    info, first, third = asyncio.run(main())
+    assert info["session_memory_budget_mb"] == 300
+    assert info["sessions_evicted"] >= 1 and info["session_memory_mb"] <= 300, info
+    assert first.status == "error" and "NameError" in first.output, first  # evicted: a fresh session
+    assert (third.status, third.stdout) == ("ok", f"{150 << 20}\n"), third
