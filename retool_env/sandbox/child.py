@@ -28,21 +28,26 @@ _PR_SET_PDEATHSIG = 1
 _MB = 1 << 20
 
 
-def _apply_request_limits(request: dict[str, Any], base_memory_mb: int) -> None:
+def _apply_request_limits(request: dict[str, Any], base_memory_mb: int, *, keep_hard: bool) -> None:
+    """The call's CPU and memory limits. A session cell may become the head of later calls, which may ask for more:
+    it lowers only its soft limits (the server's wall-clock deadline is what bounds it)."""
     cpu = math.ceil(request["timeout"]) + 1
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    _, cpu_hard = resource.getrlimit(resource.RLIMIT_CPU)
+    if keep_hard:
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu if cpu_hard == resource.RLIM_INFINITY else min(cpu, cpu_hard), cpu_hard))
+    else:
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     memory_mb = request.get("memory_mb")
-    if memory_mb and 0 < memory_mb < base_memory_mb:
-        _, hard = resource.getrlimit(resource.RLIMIT_AS)
-        lower = hard - (base_memory_mb - memory_mb) * _MB
-        resource.setrlimit(resource.RLIMIT_AS, (lower, lower))
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    lower = hard - (base_memory_mb - memory_mb) * _MB if memory_mb and 0 < memory_mb < base_memory_mb else hard
+    resource.setrlimit(resource.RLIMIT_AS, (lower, hard if keep_hard else lower))
 
 
 def execute(request: dict[str, Any], buffer: cell.OutputBuffer, namespace: dict[str, Any], started: Callable[[], Any],
-            *, memory_mb: int, traceback_lines: int) -> int:
+            *, memory_mb: int, traceback_lines: int, session: bool = False) -> int:
     """Run one request's code in `namespace`, calling `started()` just before it; the exit code the process should
     end with."""
-    _apply_request_limits(request, memory_mb)
+    _apply_request_limits(request, memory_mb, keep_hard=session)
     sys.stdin = io.StringIO(request.get("stdin") or "")
     cell.capture(buffer)
     started()
@@ -133,7 +138,7 @@ def session_head_main(command_fd: int, status_fd: int, buffer: cell.OutputBuffer
         pid = fork()
         if pid == 0:
             os.setpgid(0, 0)  # its own group, so a timeout kills the cell and not the head
-            code = execute(request, buffer, namespace, lambda: write(status_fd, b"S\n"), **limits)
+            code = execute(request, buffer, namespace, lambda: write(status_fd, b"S\n"), session=True, **limits)
             if buffer.status() != cell.STATUS_OK:
                 os._exit(code)
             old_head = getppid()
