@@ -115,15 +115,16 @@ class StatusChannel:
         if closed:
             self.messages.put_nowait((0, b""))
 
-    async def next_from(self, pids: set[int], deadline: float) -> tuple[int, bytes]:
-        """The next message written by one of `pids` (others are dropped); (0, b"") once every writer is gone.
+    async def next_from(self, pids: set[int] | None, deadline: float) -> tuple[int, bytes]:
+        """The next message written by one of `pids` (others are dropped; None: any); (0, b"") once every writer is
+        gone.
         Raises TimeoutError past `deadline` (perf_counter)."""
         while True:
             pid, data = await asyncio.wait_for(self.messages.get(), max(0.0, deadline - time.perf_counter()))
             if not data:
                 self.messages.put_nowait((0, b""))  # stays closed
                 return 0, b""
-            if pid in pids:
+            if pids is None or pid in pids:
                 return pid, data
 
     def close(self) -> None:
@@ -511,8 +512,15 @@ class Server:
                 with contextlib.suppress(OSError):
                     os.kill(head.pid, signal.SIGCONT)
                 await self._send(head.code_fd, request)
-                _, line = await session.status.next_from({head.pid}, deadline + 5)
+                said_started: set[int] = set()  # a cell may run (and say `S`) before its head has named it
+                while True:
+                    pid, line = await session.status.next_from(None, deadline + 5)
+                    if line == b"S\n":
+                        said_started.add(pid)
+                    elif pid == head.pid or not line:
+                        break
                 cell_pid = int(line.split()[1])
+                started = started or cell_pid in said_started
                 # A quick cell may already have taken over, its head gone and the zygote its parent.
                 if not line.startswith(b"C ") or not self._is_cell(cell_pid, head, gone_ok=True):
                     raise ValueError(f"unexpected report from the session head: {line!r}")
@@ -528,7 +536,7 @@ class Server:
                         break
                     if pid == cell_pid and line == b"S\n":
                         started = True
-                    elif pid == head.pid:
+                    elif pid == head.pid or not line:  # the head's report, or every writer gone
                         break
             except (asyncio.TimeoutError, OSError, ValueError, IndexError) as exc:
                 problem = f" ({type(exc).__name__}: {exc})"
