@@ -433,3 +433,23 @@ def test_calls_cannot_route_signals_to_other_processes(env):
     finally:
         victim.kill()
         victim.wait()
+
+
+def test_a_session_interpreter_killed_by_earlier_code_is_not_a_sandbox_error(env):
+    """Code leaves a thread in the interpreter that becomes the session's head, and it ends that interpreter during
+    the next call: the code's doing (the episode must not be dropped as the executor's failure)."""
+    plant = "import os, threading, time\nthreading.Thread(target=lambda: (time.sleep(0.3), os._exit(70)), daemon=True).start()"
+
+    async def main():
+        sandbox = env["sandbox"]
+        planted = await sandbox.run(plant, session="planted", timeout=10)
+        await asyncio.sleep(0.5)
+        hit = await sandbox.run("import time\ntime.sleep(1)\nprint('survived')", session="planted", timeout=5)
+        fresh = await sandbox.run("print('fresh')", session="planted", timeout=10)
+        await sandbox.close_session("planted")
+        return planted, hit, fresh
+
+    planted, hit, fresh = asyncio.run(main())
+    assert planted.status == "ok", planted
+    assert hit.status in ("killed", "error", "timeout"), hit
+    assert (fresh.status, fresh.stdout) == ("ok", "fresh\n"), fresh
