@@ -451,5 +451,5 @@ def test_a_session_interpreter_killed_by_earlier_code_is_not_a_sandbox_error(env
 
     planted, hit, fresh = asyncio.run(main())
     assert planted.status == "ok", planted
-    assert hit.status in ("killed", "error", "timeout"), hit
+    assert hit.status == "killed" and hit.duration < 4, hit  # seen when the interpreter died, not at the deadline
     assert (fresh.status, fresh.stdout) == ("ok", "fresh\n"), fresh

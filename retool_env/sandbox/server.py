@@ -490,6 +490,20 @@ class Server:
             opening.add_done_callback(lambda _: self.opening.pop(name, None))
         return await asyncio.shield(opening)
 
+    @staticmethod
+    async def _report(session: Session, head: Child, pids: set[int] | None, deadline: float) -> tuple[int, bytes]:
+        """`next_from`, ending early (as if every writer were gone) once the head has exited: its cell may still hold
+        the socket, with no one left to report on it."""
+        waiting = asyncio.ensure_future(session.status.next_from(pids, deadline))
+        await asyncio.wait({waiting, head.exited}, return_when=asyncio.FIRST_COMPLETED)
+        if waiting.done():
+            return waiting.result()
+        try:
+            return await asyncio.wait_for(asyncio.shield(waiting), 1.0)  # what it wrote just before exiting
+        except asyncio.TimeoutError:
+            waiting.cancel()
+            return 0, b""
+
     async def run_session(self, name: str, request: dict[str, Any]) -> dict[str, Any]:
         """One cell of a session. Only the head's messages say how the cell ended, and only the cell's `S` that its
         code started (the kernel names each message's writer). Once a cell has taken over, the head's process is
@@ -514,7 +528,7 @@ class Server:
                 await self._send(head.code_fd, request)
                 said_started: set[int] = set()  # a cell may run (and say `S`) before its head has named it
                 while True:
-                    pid, line = await session.status.next_from(None, deadline + 5)
+                    pid, line = await self._report(session, head, None, deadline + 5)
                     if line == b"S\n":
                         said_started.add(pid)
                     elif pid == head.pid or not line:
@@ -526,13 +540,13 @@ class Server:
                     raise ValueError(f"unexpected report from the session head: {line!r}")
                 while True:
                     try:
-                        pid, line = await session.status.next_from({head.pid, cell_pid}, deadline)
+                        pid, line = await self._report(session, head, {head.pid, cell_pid}, deadline)
                     except asyncio.TimeoutError:
                         timed_out = True
                         if self._is_cell(cell_pid, head):
                             with contextlib.suppress(OSError):
                                 os.killpg(cell_pid, signal.SIGKILL)
-                        _, line = await session.status.next_from({head.pid}, time.perf_counter() + 2.0)
+                        _, line = await self._report(session, head, {head.pid}, time.perf_counter() + 2.0)
                         break
                     if pid == cell_pid and line == b"S\n":
                         started = True
