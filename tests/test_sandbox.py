@@ -253,9 +253,11 @@ def test_session_state_persists_and_failures_roll_back(sandbox):
 def test_session_survives_an_old_head_that_is_slow_to_exit():
     """On a loaded machine the head a cell replaces may take seconds to exit; the new head waits for it (it used to
     give up after a second, and the session's next call answered `sandbox_error`). Without seccomp a cell can stop
-    its own head, which stands in for that machine."""
-    stall = ("import os, signal, threading\nhead = os.getppid()\nos.kill(head, signal.SIGSTOP)\n"
-             "threading.Timer(1.5, os.kill, (head, signal.SIGCONT)).start()\nx = 1")
+    its own head, which stands in for that machine (a process of its own group resumes it: the cell itself is
+    stopped once its code is done)."""
+    stall = ("import os, signal, time\nhead = os.getppid()\nos.kill(head, signal.SIGSTOP)\n"
+             "if os.fork() == 0:\n    os.setpgid(0, 0)\n    time.sleep(1.5)\n    os.kill(head, signal.SIGCONT)\n"
+             "    os._exit(0)\nx = 1")
 
     async def main():
         with LocalSandbox(seccomp=False, timeout=10) as sb:
@@ -501,3 +503,24 @@ def test_the_package_is_bound_back_not_the_checkout_around_it(monkeypatch):
     paths = isolation.python_paths()
     assert str(package) in paths or any(str(package).startswith(p + "/") for p in paths)
     assert str(package.parent) not in paths
+
+
+def test_idle_sessions_are_held_to_a_memory_budget():
+    """Three sessions each keep 150 MB under a 300 MB budget: the least recently used idle ones are closed (their
+    state is gone), the newest keeps its state, and what idle sessions hold stays within the budget."""
+    hold = "block = b'x' * (150 << 20)\nlen(block)"
+
+    async def main():
+        with LocalSandbox(timeout=20, memory_mb=512, session_memory_mb=300) as sb:
+            for name in ("first", "second", "third"):
+                assert (await sb.run(hold, session=name)).status == "ok"
+            info = await sb.info()
+            first = await sb.run("len(block)", session="first")
+            third = await sb.run("len(block)", session="third")
+            return info, first, third
+
+    info, first, third = asyncio.run(main())
+    assert info["session_memory_budget_mb"] == 300
+    assert info["sessions_evicted"] >= 1 and info["session_memory_mb"] <= 300, info
+    assert first.status == "error" and "NameError" in first.output, first  # evicted: a fresh session
+    assert (third.status, third.stdout) == ("ok", f"{150 << 20}\n"), third

@@ -7,10 +7,16 @@ each test then checks one case's result.
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import fcntl
+import mmap
 import os
 import socket
+import struct
+import subprocess
 import sys
 import time
+import typing
 
 import pytest
 
@@ -277,3 +283,173 @@ def test_isolation_report_is_consistent(env):
     assert all(layer.detail for layer in layers.values())
     if sys.platform == "linux" and os.uname().machine == "x86_64":
         assert layers["seccomp"].active
+
+
+# -- statuses model code cannot forge ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("exit_code", [70, 71])
+def test_an_exit_that_looks_like_a_sandbox_failure_is_the_codes_error(env, exit_code):
+    """Children exit 70/71 when they cannot confine themselves; code exiting so must not pass for that (a stateful
+    episode is dropped on `sandbox_error`, which would spare the policy its penalty)."""
+    code = f"print('bye', flush=True)\nimport os\nos._exit({exit_code})"
+
+    async def main():
+        sandbox = env["sandbox"]
+        single = await sandbox.run(code, timeout=10)
+        await sandbox.run("kept = 5", session="exit-70", timeout=10)
+        in_session = await sandbox.run(code, session="exit-70", timeout=10)
+        after = await sandbox.run("print(kept)", session="exit-70", timeout=10)
+        await sandbox.close_session("exit-70")
+        return single, in_session, after
+
+    single, in_session, after = asyncio.run(main())
+    for result in (single, in_session):
+        assert (result.status, result.exit_code, result.stdout) == ("error", exit_code, "bye\n"), result
+    assert (after.status, after.stdout) == ("ok", "5\n"), after  # the failed cell rolled back, the session lives
+
+
+FORGE_HEAD_REPORTS = """
+import os, stat, time
+def forge(lines):  # on every socket and pipe (its own output buffer is its own to garble)
+    for fd in range(3, 256):
+        try:
+            if stat.S_ISSOCK(os.fstat(fd).st_mode) or stat.S_ISFIFO(os.fstat(fd).st_mode): os.write(fd, lines)
+        except OSError: pass
+forge(b"T\\nR\\nX 0\\n")
+time.sleep(1.5)
+forge(b"C %d\\nT\\nR\\n" % os.getpid())
+kept += 1
+print("forger done")
+"""
+
+
+def test_a_cell_cannot_speak_for_its_head(env):
+    """A cell writes its head's reports on every descriptor it holds, sleeps, and writes them again: its call still
+    lasts as long as its code, and the next call runs its own code on the state the forger left."""
+
+    async def main():
+        sandbox = env["sandbox"]
+        await sandbox.run("kept = 1", session="forger", timeout=10)
+        start = time.perf_counter()
+        forged = await sandbox.run(FORGE_HEAD_REPORTS, session="forger", timeout=10)
+        elapsed = time.perf_counter() - start
+        after = await sandbox.run("print('next', kept * 10)", session="forger", timeout=10)
+        await sandbox.close_session("forger")
+        return forged, elapsed, after
+
+    forged, elapsed, after = asyncio.run(main())
+    assert (forged.status, forged.stdout) == ("ok", "forger done\n"), forged
+    assert elapsed >= 1.5, elapsed  # it came back when its code was done, not when it said so
+    assert (after.status, after.stdout) == ("ok", "next 20\n"), after
+
+
+# -- shared host state: page cache, locks, signal routing -----------------------------------------------------------
+
+VICTIM_FILE = typing.__file__  # a host file every child can read (the Python install is in every view)
+
+
+def _resident_fraction(path: str) -> float:
+    """How much of `path` is in the page cache (mincore on a fresh mapping: it faults nothing in)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        mapping = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
+    pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+    vector = (ctypes.c_ubyte * pages)()
+    anchor = ctypes.c_char.from_buffer(mapping)
+    failed = libc.mincore(ctypes.c_void_p(ctypes.addressof(anchor)), ctypes.c_size_t(size), vector)
+    del anchor
+    mapping.close()
+    assert failed == 0, ctypes.get_errno()
+    return sum(v & 1 for v in vector) / pages
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mincore reports a file it cannot write as cached (kernel >= 5.0)")
+def test_calls_cannot_evict_host_files_from_the_page_cache(env):
+    evict = (
+        f"import mmap, os\nfd = os.open({VICTIM_FILE!r}, os.O_RDONLY)\nos.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)\n"
+        "m = mmap.mmap(fd, 0, prot=mmap.PROT_READ)\n"
+        "for advice in (20, 21): m.madvise(advice)  # MADV_COLD, MADV_PAGEOUT\nm.close()\nos.close(fd)\nprint('evicted')"
+    )
+    with open(VICTIM_FILE, "rb") as f:
+        f.read()
+    assert _resident_fraction(VICTIM_FILE) == 1.0
+    result = env["sandbox"].run_sync(evict, timeout=10)
+    assert (result.status, result.stdout) == ("ok", "evicted\n"), result  # inert, so code that hints still runs
+    assert _resident_fraction(VICTIM_FILE) == 1.0
+    fd = os.open(VICTIM_FILE, os.O_RDONLY)  # the control: the same hint from the host evicts it
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    assert _resident_fraction(VICTIM_FILE) < 1.0
+    with open(VICTIM_FILE, "rb") as f:
+        f.read()
+
+
+def test_calls_cannot_lock_host_files(env):
+    """A call takes flock, POSIX and open-file-description locks on a host file and holds them; the host sees none."""
+    lock = (
+        f"import fcntl, struct, time\nf = open({VICTIM_FILE!r}, 'rb')\nfcntl.flock(f, fcntl.LOCK_EX)\n"
+        "fcntl.lockf(f, fcntl.LOCK_SH)\nfcntl.fcntl(f, fcntl.F_OFD_SETLK, struct.pack('@hhqqi4x', fcntl.F_RDLCK, 0, 0, 0, 0))\n"
+        "print('locked', flush=True)\ntime.sleep(2)"
+    )
+
+    async def main():
+        call = asyncio.ensure_future(env["sandbox"].run(lock, timeout=10))
+        seen = []
+        with open(VICTIM_FILE, "rb") as f:
+            while not call.done():
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(f, fcntl.LOCK_UN)
+                except BlockingIOError:
+                    seen.append("flock")
+                query = fcntl.fcntl(f, fcntl.F_GETLK, struct.pack("@hhqqi4x", fcntl.F_WRLCK, 0, 0, 0, 0))
+                if struct.unpack("@hhqqi4x", query)[0] != fcntl.F_UNLCK:
+                    seen.append("record lock")
+                await asyncio.sleep(0.05)
+        return await call, seen
+
+    result, seen = asyncio.run(main())
+    assert (result.status, result.stdout) == ("ok", "locked\n"), result
+    assert seen == []
+
+
+def test_calls_cannot_route_signals_to_other_processes(env):
+    """F_SETOWN/F_SETSIG/O_ASYNC would have the kernel send SIGKILL to any pid when a pipe becomes readable."""
+    victim = subprocess.Popen(["sleep", "60"])
+    route = (
+        "import ctypes, os, struct\nlibc = ctypes.CDLL(None, use_errno=True)\nr, w = os.pipe()\n"
+        f"owner = struct.pack('ii', 1, {victim.pid})  # F_OWNER_PID\n"
+        f"calls = [libc.fcntl(r, 8, {victim.pid}), libc.fcntl(r, 15, owner), libc.fcntl(r, 10, 9),\n"
+        "         libc.fcntl(r, 4, os.O_ASYNC | os.O_NONBLOCK), libc.fcntl(r, 1024, 0), libc.fcntl(r, 1026, 0x80000001)]\n"
+        "os.write(w, b'x')\nprint(calls)"
+    )
+    try:
+        result = env["sandbox"].run_sync(route, timeout=10)
+        time.sleep(0.5)
+        assert victim.poll() is None, "the victim was killed"
+        assert (result.status, result.stdout) == ("ok", "[-1, -1, -1, -1, -1, -1]\n"), result
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_a_session_interpreter_killed_by_earlier_code_is_not_a_sandbox_error(env):
+    """Code leaves a thread in the interpreter that becomes the session's head, and it ends that interpreter during
+    the next call: the code's doing (the episode must not be dropped as the executor's failure)."""
+    plant = "import os, threading, time\nthreading.Thread(target=lambda: (time.sleep(0.3), os._exit(70)), daemon=True).start()"
+
+    async def main():
+        sandbox = env["sandbox"]
+        planted = await sandbox.run(plant, session="planted", timeout=10)
+        await asyncio.sleep(0.5)
+        hit = await sandbox.run("import time\ntime.sleep(1)\nprint('survived')", session="planted", timeout=5)
+        fresh = await sandbox.run("print('fresh')", session="planted", timeout=10)
+        await sandbox.close_session("planted")
+        return planted, hit, fresh
+
+    planted, hit, fresh = asyncio.run(main())
+    assert planted.status == "ok", planted
+    assert hit.status == "killed" and hit.duration < 4, hit  # seen when the interpreter died, not at the deadline
+    assert (fresh.status, fresh.stdout) == ("ok", "fresh\n"), fresh

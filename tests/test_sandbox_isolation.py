@@ -334,7 +334,12 @@ def test_nothing_accumulates_over_many_calls():
         counts = []
         for _ in range(2):
             statuses = asyncio.run(round_of_calls())
-            assert set(statuses) <= {"ok", "timeout"} and statuses.count("timeout") == 12, statuses
+            # A 0.3 s call on a loaded machine may end before its child confirms it is about to run the code:
+            # `sandbox_error` then (the code did not run), never for a call that started.
+            slow = [status for i, status in enumerate(statuses) if i % 17 == 0 and i % 5 != 0]
+            rest = [status for i, status in enumerate(statuses) if not (i % 17 == 0 and i % 5 != 0)]
+            assert set(slow) <= {"timeout", "sandbox_error"} and len(slow) == 12, statuses
+            assert set(rest) == {"ok"}, statuses
             deadline = time.time() + 10
             while time.time() < deadline and len(tree(sb.server_pid)) != settled:
                 time.sleep(0.1)

@@ -81,7 +81,35 @@ REFUSED = {
                         "print(libc.kill(os.getpid() + 1, 0), ctypes.get_errno())",
     "setpriority -5": "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
                       "print(libc.setpriority(0, 0, -5), ctypes.get_errno())",
+    **{f"fcntl {name}": "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nr, w = os.pipe()\n"
+                        f"print(libc.fcntl(r, {cmd}, {arg}), ctypes.get_errno())"
+       for name, cmd, arg in [("F_SETOWN", 8, "os.getpid()"), ("F_SETOWN_EX", 15, "b'\\1\\0\\0\\0\\1\\0\\0\\0'"),
+                              ("F_SETSIG", 10, 9), ("F_SETFL O_ASYNC", 4, "os.O_ASYNC"), ("F_SETLEASE", 1024, 0),
+                              ("F_NOTIFY", 1026, 1), ("F_SETPIPE_SZ", 1031, 1 << 20), ("F_ADD_SEALS", 1033, 1),
+                              ("F_SET_RW_HINT", 1036, "b'\\2' + bytes(7)")]},
+    "madvise MADV_HWPOISON": "import ctypes, mmap\nm = mmap.mmap(-1, 4096)\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+                             "a = ctypes.addressof(ctypes.c_char.from_buffer(m))\n"
+                             "print(libc.madvise(ctypes.c_void_p(a), 4096, 100), ctypes.get_errno())",
 }  # fmt: skip
+
+
+# Succeed without running: the hints and locks that would reach a host file's shared state; what needs them still runs.
+INERT = {
+    "fadvise DONTNEED": "import os\nfd = os.open(os.__file__, os.O_RDONLY)\nos.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)",
+    "flock": "import fcntl, os\nfcntl.flock(open(os.__file__, 'rb'), fcntl.LOCK_EX | fcntl.LOCK_NB)",
+    "fsync and msync": "import mmap, os\nfd = os.open('/tmp/f', os.O_RDWR | os.O_CREAT)\nos.write(fd, bytes(4096))\n"
+                       "os.fsync(fd)\nos.fdatasync(fd)\nm = mmap.mmap(fd, 4096)\nm.flush()",
+    "madvise PAGEOUT": "import mmap, os\nm = mmap.mmap(os.open(os.__file__, os.O_RDONLY), 0, prot=mmap.PROT_READ)\n"
+                       "m.madvise(21)\nm.madvise(20)  # MADV_PAGEOUT, MADV_COLD",
+    "sqlite on a file": "import sqlite3\ndb = sqlite3.connect('/tmp/x.db')\ndb.execute('create table t (x)')\n"
+                        "db.execute('insert into t values (6)')\ndb.commit()\nassert db.execute('select x * 7 from t').fetchone() == (42,)",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(INERT))
+def test_calls_on_shared_host_state_are_inert(sandbox, name):
+    result = sandbox.run_sync(INERT[name] + "\nprint('ran')")
+    assert (result.status, result.stdout) == ("ok", "ran\n"), result
 
 
 @pytest.mark.parametrize("name", list(REFUSED))

@@ -181,6 +181,13 @@ class CallGroup:
                 os.kill(pid, signal.SIGKILL)
         return len(victims)
 
+    def memory_bytes(self) -> int | None:
+        """Memory charged to the group now (its tmpfs files included), or None if it cannot be read."""
+        name = "memory.current" if self.version == 2 else "memory.usage_in_bytes"
+        with contextlib.suppress(OSError, ValueError), open(f"{self.dirs[0]}/{name}") as f:
+            return int(f.read())
+        return None
+
     def oom_kills(self) -> int:
         """How many processes the kernel has killed here for memory, ever."""
         name = "memory.events" if self.version == 2 else "memory.oom_control"

@@ -3,6 +3,9 @@
 A single-use child runs one request. A session head holds an episode's state and runs each cell in a fork of itself;
 the fork becomes the new head only if the cell succeeded, so a crash or a timeout rolls the state back. A session is
 as trusted as its code: everything a head says is checked by the server, and concerns only its own episode.
+
+Every child confirms "confined, about to run" (`run` on its code socket, `S` from a cell) right before the code
+starts: from then on whatever happens is the code's own outcome, so code cannot pass itself off as a sandbox failure.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import resource
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from . import cell, confine
@@ -24,22 +28,29 @@ _PR_SET_PDEATHSIG = 1
 _MB = 1 << 20
 
 
-def _apply_request_limits(request: dict[str, Any], base_memory_mb: int) -> None:
+def _apply_request_limits(request: dict[str, Any], base_memory_mb: int, *, keep_hard: bool) -> None:
+    """The call's CPU and memory limits. A session cell may become the head of later calls, which may ask for more:
+    it lowers only its soft limits (the server's wall-clock deadline is what bounds it)."""
     cpu = math.ceil(request["timeout"]) + 1
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    _, cpu_hard = resource.getrlimit(resource.RLIMIT_CPU)
+    if keep_hard:
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu if cpu_hard == resource.RLIM_INFINITY else min(cpu, cpu_hard), cpu_hard))
+    else:
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     memory_mb = request.get("memory_mb")
-    if memory_mb and 0 < memory_mb < base_memory_mb:
-        _, hard = resource.getrlimit(resource.RLIMIT_AS)
-        lower = hard - (base_memory_mb - memory_mb) * _MB
-        resource.setrlimit(resource.RLIMIT_AS, (lower, lower))
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    lower = hard - (base_memory_mb - memory_mb) * _MB if memory_mb and 0 < memory_mb < base_memory_mb else hard
+    resource.setrlimit(resource.RLIMIT_AS, (lower, hard if keep_hard else lower))
 
 
-def execute(request: dict[str, Any], buffer: cell.OutputBuffer, namespace: dict[str, Any], *, memory_mb: int,
-            traceback_lines: int) -> int:
-    """Run one request's code in `namespace`; the exit code the process should end with."""
-    _apply_request_limits(request, memory_mb)
+def execute(request: dict[str, Any], buffer: cell.OutputBuffer, namespace: dict[str, Any], started: Callable[[], Any],
+            *, memory_mb: int, traceback_lines: int, session: bool = False) -> int:
+    """Run one request's code in `namespace`, calling `started()` just before it; the exit code the process should
+    end with."""
+    _apply_request_limits(request, memory_mb, keep_hard=session)
     sys.stdin = io.StringIO(request.get("stdin") or "")
     cell.capture(buffer)
+    started()
     status, code = cell.run_cell(
         request["code"], namespace, echo=request.get("echo", True), traceback_lines=traceback_lines
     )
@@ -67,14 +78,14 @@ def _rehearse() -> None:
 
 
 def single_use_main(code_fd: int, buffer: cell.OutputBuffer, **limits: Any) -> None:
-    """Run one request; say `done <exit code>` on the same socket before exiting, so the server answers without
-    waiting for the kernel to tear down this process's namespaces (it kills the process then, in case the report
-    came from the code itself: a call can only cut its own output short that way)."""
+    """Run one request: say `run` on the code socket just before the code starts, and `done <exit code>` before
+    exiting, so the server answers without waiting for the kernel to tear down this process's namespaces (it kills
+    the process then, in case the report came from the code itself: a call can only cut its own output short)."""
     _rehearse()
     request = read_frame_blocking(code_fd)
     if request is None:
         os._exit(0)
-    code = execute(request, buffer, _fresh_namespace(), **limits)
+    code = execute(request, buffer, _fresh_namespace(), lambda: os.write(code_fd, b"run\n"), **limits)
     with contextlib.suppress(OSError):
         os.write(code_fd, f"done {code}\n".encode())
     os._exit(code)
@@ -109,40 +120,36 @@ def _reap_strays(waitpid: Any) -> None:
 
 def session_head_main(command_fd: int, status_fd: int, buffer: cell.OutputBuffer, zygote: int,
                       **limits: Any) -> None:
-    """Hold an episode's state; report each cell on the status pipe: `C <pid>`, then `T` (took over, and `R` from
-    the new head once it is the zygote's) or `X <status>`."""
+    """Hold an episode's state; report each cell on the status socket: `C <pid>`, then `T` (it took over) or
+    `X <wait status>`; the cell says `S` just before its code starts. A cell holds no channel to its head: it ends
+    by stopping itself, which the head sees through the kernel (waitpid), and the server learns from the kernel
+    which process wrote each message (SO_PASSCRED), so a cell, which holds the same socket, speaks only for itself."""
     namespace = _fresh_namespace()
     # Once its head exits, a cell that took over leads an orphaned process group, which the kernel sends SIGHUP.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    fork, write, read, waitpid = os.fork, os.write, os.read, os.waitpid  # user code may rebind the os module's names
+    # User code may rebind the os module's names.
+    fork, write, kill, waitpid, getppid = os.fork, os.write, os.kill, os.waitpid, os.getppid
     while True:
         _die_with(zygote)
         _reap_strays(waitpid)
         request = read_frame_blocking(command_fd)
         if request is None:
             os._exit(0)
-        takeover_r, takeover_w = os.pipe()
         pid = fork()
         if pid == 0:
-            os.close(takeover_r)
             os.setpgid(0, 0)  # its own group, so a timeout kills the cell and not the head
-            code = execute(request, buffer, namespace, **limits)
+            code = execute(request, buffer, namespace, lambda: write(status_fd, b"S\n"), session=True, **limits)
             if buffer.status() != cell.STATUS_OK:
                 os._exit(code)
-            old_head = os.getppid()
-            write(takeover_w, b"T")
-            os.close(takeover_w)
+            old_head = getppid()
+            kill(0, signal.SIGSTOP)  # done: the head takes this stop as the cell's success and hands over
             _die_with(zygote, old_head)  # adopted by the zygote once the old head is gone: dies with it from now on
-            write(status_fd, b"R\n")  # ready: the server may stop this head until the session's next call
             continue  # this fork is the new head, with the cell's state
-        os.close(takeover_w)
         with contextlib.suppress(OSError):
             os.setpgid(pid, pid)  # also here, so the group exists before the server may need to kill it
         write(status_fd, f"C {pid}\n".encode())
-        took_over = read(takeover_r, 1) == b"T"
-        os.close(takeover_r)
-        if took_over:
+        _, wait_status = waitpid(pid, os.WUNTRACED)
+        if os.WIFSTOPPED(wait_status):
             write(status_fd, b"T\n")
             os._exit(0)
-        _, wait_status = waitpid(pid, 0)
         write(status_fd, f"X {wait_status}\n".encode())

@@ -165,6 +165,8 @@ class LocalSandbox(Sandbox):
         max_output_bytes: per stream; the first and last halves are kept and the middle is marked as cut.
         traceback_lines: how many final lines of a traceback the model sees.
         max_sessions: live per-episode sessions; the least recently used is closed beyond this.
+        session_memory_mb: memory idle sessions may hold in all (0: half of what is available when the server
+            starts); beyond it the least recently used idle sessions are closed.
         isolation: the server's namespace wrapper: `auto` (the strongest available), `bwrap`, `unshare` or `none`.
         seccomp: load the allowlist seccomp filter in every child where the machine supports it.
         userns: give every child its own user and mount namespace (private /tmp and /dev/shm, locked mounts).
@@ -185,6 +187,7 @@ class LocalSandbox(Sandbox):
         max_output_bytes: int = 16384,
         traceback_lines: int = 12,
         max_sessions: int = 64,
+        session_memory_mb: int = 0,
         isolation: str = "auto",
         seccomp: bool = True,
         userns: bool = True,
@@ -211,6 +214,7 @@ class LocalSandbox(Sandbox):
             "max_output_bytes": max_output_bytes,
             "traceback_lines": traceback_lines,
             "max_sessions": max_sessions,
+            "session_memory_mb": session_memory_mb,
             "use_seccomp": seccomp and _seccomp_supported(),
             "use_userns": userns,
             "uid_per_call": drop_uid and os.geteuid() == 0,

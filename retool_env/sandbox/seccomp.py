@@ -7,6 +7,12 @@ Dual-use calls are allowed with their arguments checked: `clone` without namespa
 in session heads, which snapshot state by forking), `kill`/`tgkill` to itself, `ioctl`, `prctl` and `personality`
 for queries, `setpriority` only to be nicer, `prlimit64` on itself, `socketpair` for AF_UNIX (a connected pair
 inside the process: asyncio's self-pipe); `socket` never.
+
+Nothing may act on a host object it can merely read (the view is read-only, but page cache, locks and signal
+routing are shared): `fadvise64`, `fsync`, `fdatasync` and `msync` succeed without doing anything, as do `flock`,
+`fcntl`'s record locks and `madvise`'s page-cache advice (COLD, PAGEOUT, KSM, COLLAPSE); `fcntl` signal routing
+(F_SETOWN, F_SETOWN_EX, F_SETSIG, O_ASYNC), leases, directory notification, pipe sizes, seals and write-life hints
+are refused. Not listed, so ENOSYS: readahead, sync_file_range, sync, syncfs, inotify, fanotify, mlock.
 """
 
 from __future__ import annotations
@@ -70,6 +76,16 @@ _IOCTLS = (0x5401, 0x5413, 0x541B, 0x5421, 0x5450, 0x5451)  # TCGETS TIOCGWINSZ 
 # prctl options that only read, or name the caller: GET_DUMPABLE, GET_KEEPCAPS, SET/GET_NAME, GET_SECCOMP,
 # CAPBSET_READ, GET_TIMERSLACK, GET_NO_NEW_PRIVS, GET_THP_DISABLE, SET_VMA (glibc names its mappings).
 _PRCTLS = (3, 7, 15, 16, 21, 23, 30, 39, 42, 0x53564D41)
+# fcntl commands that only touch the descriptor or the caller's own file description (and F_GETLK, a query);
+# record locks would reach a host file's inode, shared with the trainer: they succeed and do nothing.
+_FCNTL_OWN = (0, 1, 2, 3, 4, 5, 9, 11, 16, 36, 1025, 1030, 1032, 1034)  # DUPFD GETFD SETFD GETFL SETFL GETLK GETOWN
+# GETSIG GETOWN_EX OFD_GETLK GETLEASE DUPFD_CLOEXEC GETPIPE_SZ GET_SEALS
+_FCNTL_INERT = (6, 7, 37, 38)  # SETLK SETLKW OFD_SETLK OFD_SETLKW
+_F_SETFL, _O_ASYNC = 4, 0x2000  # O_ASYNC sends SIGIO (or F_SETSIG's signal) to the file's owner
+# madvise advice on the caller's own mappings; COLD, PAGEOUT (which reclaim page-cache pages), MERGEABLE,
+# UNMERGEABLE (KSM, shared across the machine) and COLLAPSE succeed without effect.
+_MADVISE_OWN = (0, 1, 2, 3, 4, 8, 9, 10, 11, 14, 15, 16, 17, 18, 19, 22, 23, 24)
+_MADVISE_INERT = (12, 13, 20, 21, 25)
 _PERSONALITY_QUERY = 0xFFFFFFFF
 _AF_UNIX = 1
 
@@ -84,6 +100,9 @@ def _errno(code: int) -> int:
     return 0x00050000 | code
 
 
+_INERT = _errno(0)  # the call returns 0 without running
+
+
 def _insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
     return struct.pack("<HBBI", code, jt, jf, k & 0xFFFFFFFF)
 
@@ -96,6 +115,15 @@ def _one_of(values: tuple[int, ...], deny: int) -> list[bytes]:
     """Allow when the loaded value is one of `values`, else return `deny`."""
     checks = [_insn(_JEQ, v, len(values) - i, 0) for i, v in enumerate(values)]
     return [*checks, _insn(_RET, deny), _insn(_RET, _RET_ALLOW)]
+
+
+def _allow_inert_or(allow: tuple[int, ...], inert: tuple[int, ...], deny: int) -> list[bytes]:
+    """Allow when the loaded value is in `allow`, succeed without running the call when it is in `inert`, else
+    return `deny`."""
+    n, m = len(allow), len(inert)
+    checks = [_insn(_JEQ, v, n + m + 1 - i, 0) for i, v in enumerate(allow)]
+    checks += [_insn(_JEQ, v, m - i, 0) for i, v in enumerate(inert)]
+    return [*checks, _insn(_RET, deny), _insn(_RET, _INERT), _insn(_RET, _RET_ALLOW)]
 
 
 def supported() -> str | None:
@@ -126,6 +154,11 @@ def build_filter(self_pid: int, *, allow_fork: bool) -> bytes:
                         _insn(_JGT, 19, 0, 1), _insn(_RET, eperm), _insn(_RET, _RET_ALLOW)],
         "prlimit64": [_load(_ARG0), *_one_of((0, own) if own else (0,), eperm)],
         "socketpair": [_load(_ARG0), *_one_of((_AF_UNIX,), eperm)],  # asyncio's self-pipe; reaches nothing outside
+        # F_SETFL without O_ASYNC; then the commands on the descriptor itself.
+        "fcntl": [_load(_ARG1), _insn(_JEQ, _F_SETFL, 0, 4), _load(_ARG2), _insn(_JSET, _O_ASYNC, 0, 1),
+                  _insn(_RET, eperm), _insn(_RET, _RET_ALLOW), *_allow_inert_or(_FCNTL_OWN, _FCNTL_INERT, eperm)],
+        "madvise": [_load(_ARG2), *_allow_inert_or(_MADVISE_OWN, _MADVISE_INERT, eperm)],
+        **{name: [_insn(_RET, _INERT)] for name in ("fadvise64", "flock", "fsync", "fdatasync", "msync")},
     }  # fmt: skip
     if allow_fork:
         checked["setpgid"] = [_insn(_RET, _RET_ALLOW)]  # a head puts each cell in its own group

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import cell, confine, zygote
+from .cgroups import CallGroup
 from .protocol import pack, read_frame, recv_message, send_message
 
 PRELOAD = [
@@ -51,6 +52,7 @@ class Config(zygote.ZygoteConfig):
     max_concurrency: int = 2
     prefork: int = 2
     max_sessions: int = 64
+    session_memory_mb: int = 0  # what idle sessions may hold in all; 0: half the memory available at start
     preload: list[str] = field(default_factory=lambda: list(PRELOAD))
 
 
@@ -65,19 +67,100 @@ class Child:
     exited: asyncio.Future[tuple[int, float, bool]]  # (wait status, CPU seconds, killed for memory)
     sid: int  # the session it leads: kept when a cell takes over as head
     status_fd: int = -1  # session heads report each cell on it
+    group: CallGroup | None = None  # its cgroup (a session's cells share it): what it holds in memory
+    report: bytes = b""  # what a single-use child said on its code socket: `run\n`, then `done <exit code>\n`
+    report_closed: bool = False
+
+    @property
+    def started(self) -> bool:
+        """The child said it is confined and about to run the code: whatever happens next is the code's doing."""
+        return self.report.startswith(b"run\n")
+
+
+class StatusChannel:
+    """A session's status socket (SOCK_SEQPACKET). Head and cells all hold the other end, so every message comes
+    with the pid of the process that wrote it, as the kernel saw it (SCM_CREDENTIALS): a cell cannot speak for its
+    head, and nothing speaks for the server."""
+
+    def __init__(self, fd: int) -> None:
+        self.sock = socket.socket(fileno=fd)
+        self.sock.setblocking(False)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        self.messages: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue()
+        self.loop = asyncio.get_running_loop()
+        self.loop.add_reader(self.sock.fileno(), self._on_readable)
+
+    def _on_readable(self) -> None:
+        for _ in range(64):  # then let the loop breathe: a cell may write as fast as it can
+            try:
+                data, ancillary, _, _ = self.sock.recvmsg(64, socket.CMSG_SPACE(struct.calcsize("3i")))
+            except BlockingIOError:
+                return
+            except OSError:
+                data, ancillary = b"", []
+            if not data:
+                self.loop.remove_reader(self.sock.fileno())
+                self.messages.put_nowait((0, b""))
+                return
+            pid = next((struct.unpack("3i", d[:12])[0] for level, kind, d in ancillary
+                        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(d) >= 12), 0)
+            if self.messages.qsize() < 256:
+                self.messages.put_nowait((pid, data))
+
+    def clear(self) -> None:
+        """Forget what earlier calls left unread."""
+        closed = False
+        while not self.messages.empty():
+            closed |= not self.messages.get_nowait()[1]
+        if closed:
+            self.messages.put_nowait((0, b""))
+
+    async def next_from(self, pids: set[int] | None, deadline: float) -> tuple[int, bytes]:
+        """The next message written by one of `pids` (others are dropped; None: any); (0, b"") once every writer is
+        gone.
+        Raises TimeoutError past `deadline` (perf_counter)."""
+        while True:
+            pid, data = await asyncio.wait_for(self.messages.get(), max(0.0, deadline - time.perf_counter()))
+            if not data:
+                self.messages.put_nowait((0, b""))  # stays closed
+                return 0, b""
+            if pids is None or pid in pids:
+                return pid, data
+
+    def close(self) -> None:
+        with contextlib.suppress(ValueError, OSError):
+            self.loop.remove_reader(self.sock.fileno())
+        self.sock.close()
 
 
 @dataclass
 class Session:
     head: Child
-    status: asyncio.StreamReader
-    transport: asyncio.BaseTransport
+    status: StatusChannel
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    took_over: bool = False  # a cell became the head: the head's process now holds what model code left in it
+    memory: int = 0  # bytes it held when last paused (a stopped session does not grow)
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
+
+
+def _available_mb() -> int:
+    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) >> 10
+    return 4096
+
+
+def _anonymous_bytes(pid: int) -> int:
+    """Resident pages not backed by a file (statm: resident minus shared), readable for any pid."""
+    with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{pid}/statm") as f:
+        fields = f.read().split()
+        return (int(fields[1]) - int(fields[2])) * os.sysconf("SC_PAGE_SIZE")
+    return 0
 
 
 def warm_up(preload: list[str]) -> None:
@@ -114,7 +197,7 @@ class Server:
         self.zygote_pid = zygote_pid
         self.semaphore = asyncio.Semaphore(config.max_concurrency)
         self.pool: list[Child] = []
-        self.forking: dict[int, asyncio.Future[tuple[int, asyncio.Future[Any]]]] = {}
+        self.forking: dict[int, asyncio.Future[tuple[int, asyncio.Future[Any], CallGroup | None]]] = {}
         self.waiters: dict[int, asyncio.Future[tuple[int, float, bool]]] = {}
         self.sessions: OrderedDict[str, Session] = OrderedDict()
         self.opening: dict[str, asyncio.Future[Session]] = {}
@@ -123,6 +206,9 @@ class Server:
         self.stopped = asyncio.Event()
         self.refilling = False
         self.layers: dict[str, Any] = {}
+        self.memory_budget = (config.session_memory_mb or _available_mb() // 2) << 20
+        self.zygote_anon = _anonymous_bytes(zygote_pid)
+        self.evicted = 0  # sessions closed to fit the memory budget
 
     # -- the zygote ----------------------------------------------------------------------------------------------
 
@@ -145,19 +231,20 @@ class Server:
                 return
             exited = self.waiters[message["pid"]] = loop.create_future()  # before its exit can be reported
             if waiter is not None and not waiter.done():
-                waiter.set_result((message["pid"], exited))
+                group = message.get("group")
+                waiter.set_result((message["pid"], exited, CallGroup(group[0], tuple(group[1])) if group else None))
         elif message["op"] == "exit":
             waiter = self.waiters.pop(message["pid"], None)
             if waiter is not None and not waiter.done():
                 waiter.set_result((message["status"], message["cpu"], message["oom"]))
 
     async def _fork(self, *, session: bool) -> Child:
-        """Have the zygote fork a confined child with a private code pipe and output buffer (and status pipe)."""
+        """Have the zygote fork a confined child with a private code pipe and output buffer (and status socket)."""
         cid = next(self.cids)
         buffer = cell.OutputBuffer(self.config.max_output_bytes)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # code in, `done <exit code>` out
         code_w, code_r = ours.detach(), theirs.detach()
-        status_r, status_w = os.pipe() if session else (-1, -1)
+        status_r, status_w = (s.detach() for s in socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)) if session else (-1, -1)
         forked = self.forking[cid] = asyncio.get_running_loop().create_future()
         try:
             send_message(self.zygote, {"op": "fork", "cid": cid, "session": session},
@@ -167,9 +254,9 @@ class Server:
             buffer.release_fd()
             if status_w >= 0:
                 os.close(status_w)
-        pid, exited = await forked
+        pid, exited, group = await forked
         os.set_blocking(code_w, False)
-        return Child(cid, pid, code_w, buffer, exited, sid=pid, status_fd=status_r)
+        return Child(cid, pid, code_w, buffer, exited, sid=pid, status_fd=status_r, group=group)
 
     def _discard(self, child: Child) -> None:
         """Kill a child's group, free its pipes and buffer, and have the zygote clean up after it. Idempotent."""
@@ -210,7 +297,8 @@ class Server:
     # -- results -------------------------------------------------------------------------------------------------
 
     def _result(self, child: Child, exit_info: tuple[int, float, bool], request: dict[str, Any], duration: float,
-                timed_out: bool) -> dict[str, Any]:
+                timed_out: bool, started: bool) -> dict[str, Any]:
+        """The call's result; `sandbox_error` only when the child never said it was about to run the code."""
         wait_status, cpu, oom = exit_info
         stdout, stdout_truncated = child.buffer.read(0)
         stderr, stderr_truncated = child.buffer.read(1)
@@ -221,7 +309,10 @@ class Server:
         memory = request.get("memory_mb") or self.config.memory_mb
         if os.WIFEXITED(wait_status):
             exit_code = os.WEXITSTATUS(wait_status)
-        if timed_out:
+        if not started:
+            why = f"did not start the code within the {timeout:g} s time limit" if timed_out else "could not confine the call"
+            status, note = "sandbox_error", f"SandboxError: the sandbox {why}; the code did not run"
+        elif timed_out:
             status, note = "timeout", f"TimeoutError: execution exceeded the {timeout:g} s time limit"
         elif os.WIFSIGNALED(wait_status):
             sig = os.WTERMSIG(wait_status)
@@ -235,8 +326,6 @@ class Server:
             status, note = "memory", f"MemoryError: execution exceeded the {memory} MB memory limit"
         elif exit_code == 0:
             status = "ok"
-        elif exit_code in (70, 71) and state == cell.STATUS_UNSET:
-            status, note = "sandbox_error", "SandboxError: the sandbox could not confine the call; the code did not run"
         else:
             status = "error"
             if not stderr.strip():
@@ -247,32 +336,37 @@ class Server:
         }  # fmt: skip
 
     @staticmethod
-    async def _read_done(fd: int) -> int | None:
-        """The exit code a single-use child reports just before it exits, or None (it closed, or sent garbage)."""
+    def _absorb(child: Child) -> None:
+        """Take in what a single-use child has said on its code socket so far (a few bytes at most)."""
+        while len(child.report) < 64 and not child.report_closed:
+            try:
+                chunk = os.read(child.code_fd, 64)
+            except BlockingIOError:
+                return
+            except OSError:
+                chunk = b""
+            if not chunk:
+                child.report_closed = True
+            child.report += chunk
+
+    async def _read_done(self, child: Child) -> int | None:
+        """The exit code a single-use child reports after `run`, just before it exits, or None (it closed, or sent
+        garbage)."""
         loop = asyncio.get_running_loop()
-        data = b""
-        while not data.endswith(b"\n") and len(data) < 32:
+        while not child.report_closed and child.report.count(b"\n") < 2 and len(child.report) < 64:
             ready: asyncio.Future[None] = loop.create_future()
-            loop.add_reader(fd, _resolve, ready)
+            loop.add_reader(child.code_fd, _resolve, ready)
             try:
                 await ready
             finally:
-                loop.remove_reader(fd)
-            try:
-                chunk = os.read(fd, 32)
-            except BlockingIOError:
-                continue
-            except OSError:
-                return None
-            if not chunk:
-                return None
-            data += chunk
-        match = re.fullmatch(rb"done (\d{1,3})\n", data)
+                loop.remove_reader(child.code_fd)
+            self._absorb(child)
+        match = re.fullmatch(rb"run\ndone (\d{1,3})\n", child.report)
         return int(match.group(1)) & 0xFF if match else None
 
     async def _finished(self, child: Child) -> tuple[int, float, bool]:
         """How the child ended: its own report (then it is killed, its teardown unwaited), else its exit."""
-        reader = asyncio.ensure_future(self._read_done(child.code_fd))
+        reader = asyncio.ensure_future(self._read_done(child))
         try:
             await asyncio.wait({reader, child.exited}, return_when=asyncio.FIRST_COMPLETED)
             if reader.done() and reader.result() is not None:
@@ -316,7 +410,8 @@ class Server:
                         os.killpg(child.pid, signal.SIGKILL)
                     exit_info = await child.exited
                 duration = time.perf_counter() - start
-                return self._result(child, exit_info, request, duration, timed_out)
+                self._absorb(child)  # its `run` may still be unread when its exit is reported first
+                return self._result(child, exit_info, request, duration, timed_out, child.started)
             finally:
                 self.running.pop(child.pid, None)
                 # After the response is written (call_soon): the child is already dead or dying, and the release and
@@ -330,17 +425,14 @@ class Server:
             idle = [key for key, s in self.sessions.items() if not s.lock.locked()]
             self._close(self.sessions.pop(idle[0] if idle else next(iter(self.sessions))))
         head = await self._fork(session=True)
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader()
-        pipe = os.fdopen(head.status_fd, "rb", 0)
-        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
-        head.status_fd = -1  # owned by the transport now
-        session = Session(head, reader, transport)
+        status = StatusChannel(head.status_fd)
+        head.status_fd = -1  # owned by the channel now
+        session = Session(head, status)
         self.sessions[name] = session
         return session
 
     def _is_cell(self, pid: int, head: Child, *, gone_ok: bool = False) -> bool:
-        """The status pipe is writable by cell code, so check a reported pid before trusting or signalling it.
+        """A head that took over is a process model code ran in, so check a pid it reports before signalling it.
         `gone_ok`: a quick cell may have ended (and been reaped) before we look."""
         try:
             with open(f"/proc/{pid}/stat") as f:
@@ -353,15 +445,39 @@ class Server:
         return parent in (head.pid, self.zygote_pid) and group == pid and sid == head.sid
 
     def _close(self, session: Session) -> None:
-        session.transport.close()
+        session.status.close()
         confine.kill_session(session.head.sid)
         self._discard(session.head)
 
     def _pause(self, session: Session) -> None:
-        """Between calls nothing of a session runs: its strays are killed and its head stopped."""
+        """Between calls nothing of a session runs: its strays are killed and its head stopped. Then idle sessions,
+        the least recently used first, are closed until what they hold fits the memory budget."""
         confine.kill_session(session.head.sid, keep=session.head.pid)
         with contextlib.suppress(OSError):
             os.kill(session.head.pid, signal.SIGSTOP)
+        session.memory = self._memory_of(session.head)
+        self._fit_memory_budget(keep=session)
+
+    def _memory_of(self, head: Child) -> int:
+        """Bytes a stopped session holds: its cgroup's charge (its /tmp included), else its head's private pages
+        beyond what it shares with the zygote (an estimate: files in its /tmp are not seen)."""
+        if head.group is not None:
+            charged = head.group.memory_bytes()
+            if charged is not None:
+                return charged
+        return max(0, _anonymous_bytes(head.pid) - self.zygote_anon)
+
+    def _fit_memory_budget(self, keep: Session | None) -> None:
+        total = sum(s.memory for s in self.sessions.values())
+        for name, session in list(self.sessions.items()):  # least recently used first
+            if total <= self.memory_budget:
+                return
+            if session is keep or session.lock.locked():
+                continue
+            total -= session.memory
+            del self.sessions[name]
+            self._close(session)
+            self.evicted += 1
 
     async def _session(self, name: str) -> Session:
         """The named session, opened once even when several of its calls arrive together."""
@@ -374,51 +490,86 @@ class Server:
             opening.add_done_callback(lambda _: self.opening.pop(name, None))
         return await asyncio.shield(opening)
 
+    @staticmethod
+    async def _report(session: Session, head: Child, pids: set[int] | None, deadline: float) -> tuple[int, bytes]:
+        """`next_from`, ending early (as if every writer were gone) once the head has exited: its cell may still hold
+        the socket, with no one left to report on it."""
+        waiting = asyncio.ensure_future(session.status.next_from(pids, deadline))
+        await asyncio.wait({waiting, head.exited}, return_when=asyncio.FIRST_COMPLETED)
+        if waiting.done():
+            return waiting.result()
+        try:
+            return await asyncio.wait_for(asyncio.shield(waiting), 1.0)  # what it wrote just before exiting
+        except asyncio.TimeoutError:
+            waiting.cancel()
+            return 0, b""
+
     async def run_session(self, name: str, request: dict[str, Any]) -> dict[str, Any]:
+        """One cell of a session. Only the head's messages say how the cell ended, and only the cell's `S` that its
+        code started (the kernel names each message's writer). Once a cell has taken over, the head's process is
+        one that model code ran in: whatever becomes of it is the code's outcome, never `sandbox_error`."""
         session = await self._session(name)
         if self.sessions.get(name) is session:
             self.sessions.move_to_end(name)
         async with session.lock, self.semaphore:
             head = session.head
             head.buffer.reset()
+            session.status.clear()
             start = time.perf_counter()
             deadline = start + request["timeout"]
             timed_out = False
+            started = session.took_over
             problem = ""
             cell_pid = -1
+            line = b""
             try:
                 with contextlib.suppress(OSError):
                     os.kill(head.pid, signal.SIGCONT)
                 await self._send(head.code_fd, request)
-                line = await asyncio.wait_for(session.status.readline(), max(0.0, deadline - time.perf_counter()) + 5)
+                said_started: set[int] = set()  # a cell may run (and say `S`) before its head has named it
+                while True:
+                    pid, line = await self._report(session, head, None, deadline + 5)
+                    if line == b"S\n":
+                        said_started.add(pid)
+                    elif pid == head.pid or not line:
+                        break
                 cell_pid = int(line.split()[1])
+                started = started or cell_pid in said_started
                 # A quick cell may already have taken over, its head gone and the zygote its parent.
                 if not line.startswith(b"C ") or not self._is_cell(cell_pid, head, gone_ok=True):
                     raise ValueError(f"unexpected report from the session head: {line!r}")
-                try:
-                    line = await asyncio.wait_for(session.status.readline(), max(0.0, deadline - time.perf_counter()))
-                except asyncio.TimeoutError:
-                    timed_out = True
-                    if self._is_cell(cell_pid, head):
-                        with contextlib.suppress(OSError):
-                            os.killpg(cell_pid, signal.SIGKILL)
-                    line = await asyncio.wait_for(session.status.readline(), 2.0)
+                while True:
+                    try:
+                        pid, line = await self._report(session, head, {head.pid, cell_pid}, deadline)
+                    except asyncio.TimeoutError:
+                        timed_out = True
+                        if self._is_cell(cell_pid, head):
+                            with contextlib.suppress(OSError):
+                                os.killpg(cell_pid, signal.SIGKILL)
+                        _, line = await self._report(session, head, {head.pid}, time.perf_counter() + 2.0)
+                        break
+                    if pid == cell_pid and line == b"S\n":
+                        started = True
+                    elif pid == head.pid or not line:  # the head's report, or every writer gone
+                        break
             except (asyncio.TimeoutError, OSError, ValueError, IndexError) as exc:
                 problem = f" ({type(exc).__name__}: {exc})"
                 line = b""
             duration = time.perf_counter() - start
-            if line == b"T\n" and self._is_cell(cell_pid, head):
+            if line == b"T\n" and started and self._is_cell(cell_pid, head):
                 exited = self.waiters[cell_pid] = asyncio.get_running_loop().create_future()  # the new head
-                session.head = Child(head.cid, cell_pid, head.code_fd, head.buffer, exited, sid=head.sid)
-                # Ready once the old head has exited and the zygote adopted the new one, which dies with it from
-                # then on: a loaded machine may take seconds, so the wait is what is left of the call's time limit,
-                # plus 5 s, as for its first report. Without it the next call finds the session broken.
+                session.head = Child(head.cid, cell_pid, head.code_fd, head.buffer, exited, sid=head.sid,
+                                     group=head.group)
+                session.took_over = True
+                # Stop the new head only once the old one has exited: its exit orphans the new head's process group,
+                # and the kernel then sends it SIGCONT. A loaded machine may take seconds, so the wait is what is
+                # left of the call's time limit, plus 5 s, as for its first report.
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(session.status.readline(), max(0.0, deadline - time.perf_counter()) + 5)
+                    await asyncio.wait_for(asyncio.shield(head.exited), max(0.0, deadline - time.perf_counter()) + 5)
                 self._pause(session)
-                return self._result(session.head, (0, 0.0, False), request, duration, False)
-            if line.startswith(b"X "):
-                result = self._result(head, (int(line.split()[1]), 0.0, False), request, duration, timed_out)
+                return self._result(session.head, (0, 0.0, False), request, duration, False, True)
+            if line.startswith(b"X ") and line[2:-1].isdigit() and line.endswith(b"\n"):
+                result = self._result(head, (int(line[2:-1]), 0.0, False), request, duration, timed_out, started)
                 self._pause(session)
                 return result
             if self.sessions.get(name) is session:
@@ -427,6 +578,9 @@ class Server:
             if timed_out:
                 note = f"TimeoutError: execution exceeded the {request['timeout']:g} s time limit; the session was reset"
                 return {"status": "timeout", "note": note, "duration": duration}
+            if started:
+                note = "Killed: the session's interpreter, which runs the code, died; its state is lost and the session was reset"
+                return {"status": "killed", "note": note + problem, "duration": duration}
             note = f"SandboxError: the session's interpreter died and its state is lost{problem}"
             return {"status": "sandbox_error", "note": note, "duration": duration}
 
@@ -441,6 +595,9 @@ class Server:
             "pid": os.getpid(),
             "pool": len(self.pool),
             "sessions": len(self.sessions),
+            "session_memory_mb": sum(s.memory for s in self.sessions.values()) >> 20,
+            "session_memory_budget_mb": self.memory_budget >> 20,
+            "sessions_evicted": self.evicted,
             "running": len(self.running),
             "layers": self.layers,
         }

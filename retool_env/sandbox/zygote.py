@@ -3,12 +3,12 @@
 Model code must never find another call's code or output in its own memory. Every child is a copy of the process
 that forked it, so that process must never have held any: the server receives code and reads output, the zygote
 only forks. It gives each child its own uid (from a pool, when root), its own cgroup (one per slot), its own session, and the
-descriptors the server passed for it (code pipe, output memfd, status pipe), which it closes right after the fork.
+descriptors the server passed for it (code socket, output memfd, status socket), which it closes right after the fork.
 It reaps every child (it is their sub-reaper) and reports each exit; on `release` it kills whatever a call left
 running, and frees its uid and cgroup for the next call once nothing of it is left.
 
 Messages (see protocol.py): server -> zygote `fork` (cid, session) with descriptors, `release` (cid);
-zygote -> server `layers` (once, at start), `forked` (cid, pid), `exit` (pid, status, cpu, oom).
+zygote -> server `layers` (once, at start), `forked` (cid, pid, cgroup), `exit` (pid, status, cpu, oom).
 """
 
 from __future__ import annotations
@@ -155,7 +155,8 @@ class Zygote:
         for fd in fds:
             os.close(fd)
         self.records[cid] = self.by_pid[pid] = _Record(pid, uid, group, single_use=not session)
-        send_message(self.sock, {"op": "forked", "cid": cid, "pid": pid})
+        memory_group = None if group is None else [group.version, list(group.dirs)]  # for the server's memory budget
+        send_message(self.sock, {"op": "forked", "cid": cid, "pid": pid, "group": memory_group})
 
     def release(self, cid: int) -> None:
         record = self.records.pop(cid, None)
