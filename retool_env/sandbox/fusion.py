@@ -7,7 +7,7 @@ import os
 import weakref
 from typing import Any
 
-from .base import ExecResult, Sandbox, check_code
+from .base import ExecResult, Sandbox, ToolStatus
 
 _RETRY_STATUS = {500, 502, 503, 504}
 TOKEN_ENV = "RETOOL_SANDBOX_TOKEN"
@@ -63,21 +63,12 @@ class SandboxFusionSandbox(Sandbox):
             self._clients[loop] = client
         return client
 
-    async def run(
-        self,
-        code: str,
-        *,
-        timeout: float | None = None,
-        session: str | None = None,
-        stdin: str | None = None,
-        memory_mb: int | None = None,
+    async def _run(
+        self, code: str, *, timeout: float, session: str | None, stdin: str | None, memory_mb: int | None
     ) -> ExecResult:
         import httpx
 
-        bad = check_code(code)
-        if bad is not None:
-            return bad
-        run_timeout = float(timeout if timeout is not None else self.timeout)
+        run_timeout = timeout
         payload = {
             "code": code,
             "language": self.language,
@@ -101,12 +92,12 @@ class SandboxFusionSandbox(Sandbox):
                 problem = f"HTTP {response.status_code}"
                 continue
             if response.status_code != 200:
-                return ExecResult.failure("sandbox_error", f"SandboxError: HTTP {response.status_code}: {response.text[:200]}")
+                return ExecResult.failure(ToolStatus.SANDBOX_ERROR, f"SandboxError: HTTP {response.status_code}: {response.text[:200]}")
             try:
                 return from_fusion_response(response.json(), run_timeout)
             except (ValueError, TypeError, AttributeError) as exc:
-                return ExecResult.failure("sandbox_error", f"SandboxError: unreadable response ({exc})")
-        return ExecResult.failure("sandbox_error", f"SandboxError: {self.url} failed {self.retries + 1} times ({problem})")
+                return ExecResult.failure(ToolStatus.SANDBOX_ERROR, f"SandboxError: unreadable response ({exc})")
+        return ExecResult.failure(ToolStatus.SANDBOX_ERROR, f"SandboxError: {self.url} failed {self.retries + 1} times ({problem})")
 
     async def aclose(self) -> None:
         client = self._clients.pop(asyncio.get_running_loop(), None)
@@ -124,14 +115,14 @@ def from_fusion_response(body: dict[str, Any], run_timeout: float) -> ExecResult
     code = run.get("return_code")
     duration = float(run.get("execution_time") or 0.0)
     if body.get("status") == "SandboxError" or not run:
-        return ExecResult.failure("sandbox_error", f"SandboxError: {body.get('message') or 'no run result'}")
+        return ExecResult.failure(ToolStatus.SANDBOX_ERROR, f"SandboxError: {body.get('message') or 'no run result'}")
     message = body.get("message") or ""  # `retool-env sandbox serve` puts its note here
     if run.get("status") == "TimeLimitExceeded":
         note = message or f"TimeoutError: execution exceeded the {run_timeout:g} s time limit"
-        return ExecResult("timeout", stdout, stderr, code, duration, note=note)
+        return ExecResult(ToolStatus.TIMEOUT, stdout, stderr, code, duration, note=note)
     if code == 0 and body.get("status") == "Success":
-        return ExecResult("ok", stdout, stderr, 0, duration)
-    status = "memory" if message.startswith("MemoryError") or "MemoryError" in stderr[-300:] else "error"
+        return ExecResult(ToolStatus.OK, stdout, stderr, 0, duration)
+    status = ToolStatus.MEMORY if message.startswith("MemoryError") or "MemoryError" in stderr[-300:] else ToolStatus.ERROR
     if message.startswith("Killed"):
-        status = "killed"
+        status = ToolStatus.KILLED
     return ExecResult(status, stdout, stderr, code, duration, note=message)

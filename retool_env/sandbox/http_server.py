@@ -29,7 +29,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from .base import ExecResult, Sandbox
+from .base import ExecResult, Sandbox, ToolStatus
 from .fusion import TOKEN_ENV
 
 # SandboxFusion's `Language` literal: known languages other than Python get its SandboxError shape, unknown ones 400.
@@ -50,9 +50,9 @@ _MAX_HEADERS = 100
 
 def to_fusion_response(result: ExecResult) -> dict[str, Any]:
     """Our result in SandboxFusion's `RunCodeResponse` shape."""
-    if result.status == "sandbox_error":
+    if result.status is ToolStatus.SANDBOX_ERROR:
         return fusion_error(result.note)
-    run_status = "TimeLimitExceeded" if result.status == "timeout" else "Finished"
+    run_status = "TimeLimitExceeded" if result.status is ToolStatus.TIMEOUT else "Finished"
     run = {
         "status": run_status,
         "execution_time": result.duration,
@@ -60,7 +60,7 @@ def to_fusion_response(result: ExecResult) -> dict[str, Any]:
         "stdout": result.stdout,
         "stderr": result.stderr,
     }
-    status = "Success" if result.status == "ok" else "Failed"
+    status = "Success" if result.status is ToolStatus.OK else "Failed"
     return {"status": status, "message": result.note, "compile_result": None, "run_result": run,
             "executor_pod_name": None, "files": {}}
 

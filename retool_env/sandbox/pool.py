@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .base import ExecResult, Sandbox, check_code
+from .base import ExecResult, Sandbox, ToolStatus
 from .fusion import SandboxFusionSandbox
 
 _WINDOW = 4096  # latencies kept for p50/p99
@@ -125,7 +125,7 @@ class PoolStats:
             if key is not None:
                 node = self.node(key)
                 node.calls += 1
-                node.errors += result.status == "sandbox_error"
+                node.errors += result.status == ToolStatus.SANDBOX_ERROR
                 node.latencies.append(latency)
 
     def report(self, admission: Admission | None, **extra: Any) -> dict[str, Any]:
@@ -248,18 +248,9 @@ class SandboxFusionPool(Sandbox):
                 endpoint.up, node.actors, node.lost = False, 0, node.lost + 1
                 endpoint.next_probe = time.monotonic() + self.health_interval
 
-    async def run(
-        self,
-        code: str,
-        *,
-        timeout: float | None = None,
-        session: str | None = None,
-        stdin: str | None = None,
-        memory_mb: int | None = None,
+    async def _run(
+        self, code: str, *, timeout: float, session: str | None, stdin: str | None, memory_mb: int | None
     ) -> ExecResult:
-        bad = check_code(code)
-        if bad is not None:
-            return bad
         begin = time.perf_counter()
         for endpoint in self._due_for_probe():  # in the background: no caller waits on a probe while others are up
             task = asyncio.ensure_future(self._probe(endpoint))
@@ -268,7 +259,7 @@ class SandboxFusionPool(Sandbox):
         async with self.admission:
             failed: _Endpoint | None = None
             key: str | None = None
-            result = ExecResult.failure("sandbox_error", "SandboxError: every SandboxFusion endpoint is down")
+            result = ExecResult.failure(ToolStatus.SANDBOX_ERROR, "SandboxError: every SandboxFusion endpoint is down")
             for _ in range(2):
                 endpoint = await self._pick(exclude=failed)
                 if endpoint is None:

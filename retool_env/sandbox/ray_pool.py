@@ -21,7 +21,7 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from .base import ExecResult, Sandbox, check_code
+from .base import ExecResult, Sandbox, ToolStatus
 from .local import LocalSandbox
 from .pool import Admission, PoolStats
 
@@ -295,23 +295,12 @@ class RaySandbox(Sandbox):
                 member.in_flight -= 1
                 self._node(member.node_id).in_flight -= 1
 
-    async def run(
-        self,
-        code: str,
-        *,
-        timeout: float | None = None,
-        session: str | None = None,
-        stdin: str | None = None,
-        memory_mb: int | None = None,
+    async def _run(
+        self, code: str, *, timeout: float, session: str | None, stdin: str | None, memory_mb: int | None
     ) -> ExecResult:
-        bad = check_code(code)
-        if bad is not None:
-            return bad
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         await self._ensure_started()
         assert self._admission is not None
-        kwargs = {"timeout": float(timeout or self.timeout), "session": session, "stdin": stdin,
+        kwargs = {"timeout": timeout, "session": session, "stdin": stdin,
                   "memory_mb": memory_mb}
         begin = time.perf_counter()
         async with self._admission:
@@ -336,7 +325,7 @@ class RaySandbox(Sandbox):
                 lost = member
         note = "SandboxError: the sandbox actors were lost (retried once)" if lost else \
             f"SandboxError: no sandbox actor became ready within {self.start_timeout:g} s"
-        return ExecResult.failure("sandbox_error", note), lost.node_id if lost else None
+        return ExecResult.failure(ToolStatus.SANDBOX_ERROR, note), lost.node_id if lost else None
 
     async def _run_session(self, code: str, kwargs: dict[str, Any]) -> tuple[ExecResult, str | None]:
         session = kwargs["session"]
@@ -344,7 +333,7 @@ class RaySandbox(Sandbox):
         if member is None:
             picked = await self._pick()
             if picked is None:
-                return ExecResult.failure("sandbox_error", "SandboxError: no sandbox actor is ready"), None
+                return ExecResult.failure(ToolStatus.SANDBOX_ERROR, "SandboxError: no sandbox actor is ready"), None
             with self._lock:  # a turn's calls arrive together: the first to get here places the session
                 member = self._sessions.setdefault(session, picked)
                 if member is not picked:
@@ -399,5 +388,5 @@ class RaySandbox(Sandbox):
 
 
 def _session_lost(member: _Member) -> ExecResult:
-    return ExecResult.failure("sandbox_error", f"SandboxError: the sandbox holding this session's state was lost "
+    return ExecResult.failure(ToolStatus.SANDBOX_ERROR, f"SandboxError: the sandbox holding this session's state was lost "
                                                f"(node {member.node_id[:8]}); the episode cannot continue")
