@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .base import ExecResult, Sandbox, ToolStatus
-from .fusion import SandboxFusionSandbox
+from .fusion import EndpointFailure, SandboxFusionSandbox
 
 _WINDOW = 4096  # latencies kept for p50/p99
 
@@ -168,10 +168,12 @@ class _Endpoint:
 class SandboxFusionPool(Sandbox):
     """Several SandboxFusion-compatible endpoints (SandboxFusion, `retool-env sandbox serve`) behind one sandbox.
 
-    Calls go to the least-loaded endpoint that is up. A call that fails there (connection refused or reset, 5xx,
-    `sandbox_error`) is retried once on another endpoint, and the endpoint is taken out of routing until a probe
-    (`print(1)` through its `/run_code`) passes; down endpoints are probed again every `health_interval` seconds.
-    The calls are stateless, as SandboxFusion's are, so a retry is always safe.
+    Calls go to the least-loaded endpoint that is up. A call whose endpoint fails (connection refused or reset, a
+    timeout past the call's own, 5xx, an unreadable or unauthenticated answer) is retried once on another endpoint,
+    and the endpoint is taken out of routing until a probe (`print(1)` through its `/run_code`) passes; down
+    endpoints are probed again every `health_interval` seconds. An answer is never retried, whatever it says
+    (`error`, `killed`, even `sandbox_error`): the code's own outcome must not run it twice nor take an endpoint
+    out. The calls are stateless, as SandboxFusion's are, so a retry after an endpoint failure is safe.
 
     Arguments:
         urls: a list of `/run_code` URLs, or the path of a file with one per line (`#` comments allowed).
@@ -266,15 +268,16 @@ class SandboxFusionPool(Sandbox):
                     break
                 key = endpoint.client.url
                 try:
-                    result = await endpoint.client.run(code, timeout=timeout, stdin=stdin, memory_mb=memory_mb)
+                    result = await endpoint.client.attempt(code, timeout=timeout, stdin=stdin, memory_mb=memory_mb)
+                    break  # whatever the code did (a `sandbox_error` it reported included) is its answer
+                except EndpointFailure as exc:  # the endpoint failed, not the code: out until a probe passes
+                    result = ExecResult.failure(ToolStatus.SANDBOX_ERROR, f"SandboxError: {key} failed ({exc})")
+                    self._down(endpoint)
+                    failed = endpoint
                 finally:
                     with self._stats.lock:
                         endpoint.in_flight -= 1
                         self._stats.node(endpoint.client.url).in_flight -= 1
-                if result.status != "sandbox_error":
-                    break
-                self._down(endpoint)  # taken out until a probe passes; the call moves on once
-                failed = endpoint
         self._stats.record(key, time.perf_counter() - begin, result)
         return result
 
