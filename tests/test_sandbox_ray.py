@@ -29,7 +29,12 @@ PROBLEMS = [Problem(f"What is {a} * {b}?", str(a * b), id=f"p{a}") for a, b in
 
 @pytest.fixture(scope="module")
 def cluster():
-    cluster = Cluster(initialize_head=True, head_node_args={**SMALL, "include_dashboard": False})
+    # A crashed node is declared dead after ~2 s instead of Ray's ~30 s default, to keep the module fast; nothing in
+    # RaySandbox depends on how soon (calls to it fail over after their margin, pings after health_timeout).
+    fast_failure_detection = {"health_check_initial_delay_ms": 500, "health_check_period_ms": 500,
+                              "health_check_failure_threshold": 4}
+    cluster = Cluster(initialize_head=True, head_node_args={**SMALL, "include_dashboard": False,
+                                                            "_system_config": fast_failure_detection})
     for _ in range(3):
         cluster.add_node(**SMALL, resources={"sandbox": 1})
     ray.init(address=cluster.address, log_to_driver=False)
@@ -41,7 +46,7 @@ def cluster():
 @pytest.fixture(scope="module")
 def pool(cluster):
     pool = RaySandbox(resource="sandbox", resource_per_actor=1, max_in_flight=4, timeout=10, max_concurrency=4,
-                      health_interval=0.5, health_timeout=5, prefork=1)
+                      health_interval=0.5, health_timeout=5, call_margin=10, prefork=1)
     pool.start()
     yield pool
     pool.close()
@@ -177,7 +182,27 @@ def test_a_lost_session_answers_sandbox_error_and_its_episode_is_aborted(tiny_to
     assert pool.stats()["lost"] >= 1
 
 
-def test_a_node_removed_mid_run_costs_retries_not_results_and_capacity_comes_back(tiny_tok, cluster, pool):
+def test_actors_that_cannot_start_fail_start_clearly_and_close_in_bounded_time(cluster):
+    """A bad sandbox option (the actor's constructor raises) and a resource no node has: `start()` says so, and
+    `close()` returns at once; it used to hang in `ray.kill`, called on Ray's own callback thread."""
+    broken = RaySandbox(resource="CPU", resource_per_actor=0.1, actors=2, name=None, no_such_option=1)
+    with pytest.raises(RuntimeError, match="failed to start"):
+        broken.start()
+    begin = time.monotonic()
+    broken.close()
+    assert time.monotonic() - begin < broken.close_timeout + 1
+
+    nowhere = RaySandbox(resource="no_such_resource", resource_per_actor=1, actors=2, name=None, start_timeout=2,
+                         close_timeout=5)
+    with pytest.raises(RuntimeError, match="did not all start within 2 s"):
+        nowhere.run_sync("print(1)")  # a call starts the pool lazily
+    begin = time.monotonic()
+    nowhere.close()
+    assert time.monotonic() - begin < nowhere.close_timeout + 1
+    assert not nowhere._maintenance.is_alive()  # its chores (killing the pending actors) are done
+
+
+def test_a_node_crashed_mid_run_costs_retries_not_results_and_capacity_comes_back(tiny_tok, cluster, pool):
     deadline = time.monotonic() + 60
     while len(pool.actor_nodes()) < 3 and time.monotonic() < deadline:  # the last test's replacement
         time.sleep(0.2)
@@ -187,7 +212,7 @@ def test_a_node_removed_mid_run_costs_retries_not_results_and_capacity_comes_bac
 
     async def remove_a_node_midway():
         await asyncio.sleep(1.0)
-        cluster.remove_node(worker_nodes[0])
+        cluster.remove_node(worker_nodes[0], allow_graceful=False)  # a crash: its raylet and workers SIGKILLed
 
     async def main():
         make_env = lambda: ToolEnvironment(tiny_tok, PROBLEMS, sandbox=pool, tool_timeout=10.0)  # noqa: E731
@@ -206,3 +231,14 @@ def test_a_node_removed_mid_run_costs_retries_not_results_and_capacity_comes_bac
         time.sleep(0.2)
     assert len(set(pool.actor_nodes())) == 3 and worker_nodes[0].node_id not in pool.actor_nodes()
     assert pool.run_sync("print(6 * 7)").stdout == "42\n"
+    names = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
+    replacements = [n for n in names if re.fullmatch(r"retool-sandbox-\d-[0-9a-f]{8}", n)]
+    assert replacements  # a new actor, never the crashed one looked up again by its name
+
+
+def test_close_after_a_crash_is_bounded(cluster, pool):
+    begin = time.monotonic()
+    private = RaySandbox(resource="CPU", resource_per_actor=0.1, actors=1, name=None, close_timeout=5)
+    assert private.run_sync("print(3)").stdout == "3\n"
+    private.close()
+    assert time.monotonic() - begin < 60 and not private._maintenance.is_alive()
