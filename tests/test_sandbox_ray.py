@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 import time
 from types import SimpleNamespace
 
@@ -29,12 +30,9 @@ PROBLEMS = [Problem(f"What is {a} * {b}?", str(a * b), id=f"p{a}") for a, b in
 
 @pytest.fixture(scope="module")
 def cluster():
-    # A crashed node is declared dead after ~2 s instead of Ray's ~30 s default, to keep the module fast; nothing in
-    # RaySandbox depends on how soon (calls to it fail over after their margin, pings after health_timeout).
-    fast_failure_detection = {"health_check_initial_delay_ms": 500, "health_check_period_ms": 500,
-                              "health_check_failure_threshold": 4}
-    cluster = Cluster(initialize_head=True, head_node_args={**SMALL, "include_dashboard": False,
-                                                            "_system_config": fast_failure_detection})
+    # Ray's default failure detection, as in production: a crashed node is declared dead only seconds later, the
+    # window in which a replacement looked up by name used to be the crashed node's actor again.
+    cluster = Cluster(initialize_head=True, head_node_args={**SMALL, "include_dashboard": False})
     for _ in range(3):
         cluster.add_node(**SMALL, resources={"sandbox": 1})
     ray.init(address=cluster.address, log_to_driver=False)
@@ -182,7 +180,25 @@ def test_a_lost_session_answers_sandbox_error_and_its_episode_is_aborted(tiny_to
     assert pool.stats()["lost"] >= 1
 
 
-def test_actors_that_cannot_start_fail_start_clearly_and_close_in_bounded_time(cluster):
+@pytest.fixture()
+def ray_call_threads(monkeypatch):
+    """The thread each `ray.kill` and `ray.cancel` ran on (the real calls still run): a blocking Ray call on Ray's own
+    callback thread never returns."""
+    import retool_env.sandbox.ray_pool as ray_pool
+
+    threads = []
+    for name in ("kill", "cancel"):
+        real = getattr(ray, name)
+
+        def watched(*args, _real=real, **kwargs):
+            threads.append(threading.current_thread().name)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(ray_pool.ray, name, watched)
+    return threads
+
+
+def test_actors_that_cannot_start_fail_start_clearly_and_close_in_bounded_time(cluster, ray_call_threads):
     """A bad sandbox option (the actor's constructor raises) and a resource no node has: `start()` says so, and
     `close()` returns at once; it used to hang in `ray.kill`, called on Ray's own callback thread."""
     broken = RaySandbox(resource="CPU", resource_per_actor=0.1, actors=2, name=None, no_such_option=1)
@@ -191,6 +207,7 @@ def test_actors_that_cannot_start_fail_start_clearly_and_close_in_bounded_time(c
     begin = time.monotonic()
     broken.close()
     assert time.monotonic() - begin < broken.close_timeout + 1
+    assert ray_call_threads and set(ray_call_threads) == {"retool-ray-sandbox"}  # the pool's thread, never Ray's
 
     nowhere = RaySandbox(resource="no_such_resource", resource_per_actor=1, actors=2, name=None, start_timeout=2,
                          close_timeout=5)
