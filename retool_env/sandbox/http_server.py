@@ -248,6 +248,7 @@ class FusionServer:
         self._open = 0  # connections counted against max_connections
         self._waiting: OrderedDict[_Connection, None] = OrderedDict()  # not yet authenticated, oldest first
         self._per_peer: dict[str, int] = {}
+        self._live: set[_Connection] = set()
         self._nonces: OrderedDict[str, float] = OrderedDict()  # signed requests seen, until they expire
         self.reuse_port = reuse_port  # several worker processes on one port, the kernel spreading connections
         self._server: asyncio.base_events.Server | None = None
@@ -279,8 +280,12 @@ class FusionServer:
         await self._server.serve_forever()
 
     async def close(self) -> None:
+        """Stop listening and end every open connection (idle keep-alive ones included)."""
         if self._server is not None:
             self._server.close()
+            for connection in list(self._live):
+                connection.transport.abort()
+            await asyncio.sleep(0.05)  # let their handlers see it and finish
             await self._server.wait_closed()
         if self.unix_socket is not None:
             with contextlib.suppress(FileNotFoundError):
@@ -300,6 +305,7 @@ class FusionServer:
         if self._open >= self.max_connections and not self._evict(None):
             return None  # every open connection has authenticated: this one waits for a free place elsewhere
         connection = _Connection(peer, writer.transport)
+        self._live.add(connection)
         self._open += 1
         self._waiting[connection] = None
         self._per_peer[peer] = self._per_peer.get(peer, 0) + 1
@@ -326,6 +332,7 @@ class FusionServer:
                 del self._per_peer[connection.peer]
 
     def _release(self, connection: _Connection) -> None:
+        self._live.discard(connection)
         self._unwait(connection)
         if connection.counted:
             connection.counted = False
