@@ -374,10 +374,15 @@ def _parent(pid: int) -> int | None:
 @pytest.fixture()
 def cli_server():
     """`retool-env sandbox serve` in its own process, as deployed: its memory and descriptors are its own."""
+    import resource
+
+    def usual_open_file_limit():  # what most machines give a process: the server must raise it itself
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "retool_env.cli", "sandbox", "serve", "--port", str(port),
                              "--max-concurrency", "2"], stdout=subprocess.PIPE, text=True, start_new_session=True,
-                            env={**os.environ, TOKEN_ENV: TOKEN})
+                            env={**os.environ, TOKEN_ENV: TOKEN}, preexec_fn=usual_open_file_limit)
     assert "run_code" in proc.stdout.readline()
     yield proc, port
     os.killpg(proc.pid, signal.SIGTERM)
@@ -393,14 +398,13 @@ def test_connections_that_never_finish_their_headers_hold_little_memory(cli_serv
     proc, port = cli_server
     assert SandboxFusionSandbox(f"http://127.0.0.1:{port}", token=TOKEN).run_sync("print(1)").ok  # warm
     before = rss_mb(proc.pid)
-    line = b"X-Filler: " + b"a" * 60_000 + b"\r\n"  # under the old 64 KiB line limit, 100 of them allowed
     sockets = []
     for _ in range(30):
         sock = socket.create_connection(("127.0.0.1", port), timeout=5)
         sock.sendall(b"POST /run_code HTTP/1.1\r\nHost: x\r\n")
         with contextlib.suppress(OSError):  # the server cuts it off at its head cap: send what it takes
-            for _ in range(100):
-                sock.sendall(line)
+            for i in range(100):  # distinct headers, each under the old 64 KiB line limit, 100 of them allowed
+                sock.sendall(b"X-Filler-%d: " % i + b"a" * 60_000 + b"\r\n")
         sockets.append(sock)
     time.sleep(1.0)
     grown = rss_mb(proc.pid) - before
