@@ -31,7 +31,7 @@ from retool_env.env import ToolEnvironment
 from retool_env.formats import format_class
 from retool_env.grading import extract_answer
 from retool_env.sandbox import ExecResult, Sandbox
-from retool_env.trajectory import Trajectory
+from retool_env.trajectory import ToolStatus, Trajectory
 
 _ERROR_LINE = re.compile(r"^\s*(?:[\w.]*(?:Error|Exception)\b|Traceback \(most recent call last\))", re.MULTILINE)
 
@@ -87,12 +87,13 @@ class RecordedSandbox(Sandbox):
     def load(self, outputs: Iterable[str]) -> None:
         self.outputs = deque(outputs)
 
-    async def run(self, code: str, *, timeout: float | None = None, session: str | None = None,
-                  stdin: str | None = None, memory_mb: int | None = None) -> ExecResult:
+    async def _run(self, code: str, *, timeout: float, session: str | None, stdin: str | None,
+                   memory_mb: int | None) -> ExecResult:
         if not self.outputs:
-            return ExecResult.failure("sandbox_error", "RecordedSandbox: no recorded output left for this call")
+            return ExecResult.failure(ToolStatus.SANDBOX_ERROR, "RecordedSandbox: no recorded output left for this call")
         output = self.outputs.popleft()
-        return ExecResult("error" if _ERROR_LINE.search(output) else "ok", stdout=output, exit_code=0)
+        status = ToolStatus.ERROR if _ERROR_LINE.search(output) else ToolStatus.OK
+        return ExecResult(status, stdout=output, exit_code=0)
 
 
 def end_of_turn_token(env: Any) -> str:
@@ -162,7 +163,7 @@ def build_coldstart(solutions: Sequence[Solution], tokenizer: Any, *, tool_forma
     rows = []
     for solution, traj in zip(solutions, replay_solutions(solutions, tokenizer, tool_format=tool_format,
                                                           sandbox=sandbox, **env_kwargs), strict=True):
-        if solution.recorded_outputs is None and any(c.status == "sandbox_error" for c in traj.tool_calls):
+        if solution.recorded_outputs is None and any(c.status == ToolStatus.SANDBOX_ERROR for c in traj.tool_calls):
             raise RuntimeError(f"the sandbox failed while replaying {solution.problem.id!r}: "
                                f"{traj.tool_calls[-1].output} (check it with `retool-env doctor`)")
         if require_correct and (not traj.correct or traj.truncated or not _printed_gold(solution, traj)):
@@ -177,7 +178,7 @@ def _printed_gold(solution: Solution, traj: Trajectory) -> bool:
     if solution.recorded_outputs is not None or not traj.tool_calls:
         return True
     last = traj.tool_calls[-1]
-    return last.status == "ok" and last.output.strip() == solution.problem.answer.strip()
+    return last.status == ToolStatus.OK and last.output.strip() == solution.problem.answer.strip()
 
 
 # --- ReTool-SFT ----------------------------------------------------------------------------------------------------

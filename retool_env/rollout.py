@@ -17,7 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 from tqdm.auto import tqdm
 
 from retool_env.data import Problem
-from retool_env.trajectory import Trajectory
+from retool_env.trajectory import ToolStatus, Trajectory
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ async def run_episode(
         turn = len(traj.turns)
         _, _, terminated, truncated, info = await env.astep(action)
         traj.turns[turn].policy_version = generation.policy_version
-        if getattr(env, "stateful", False) and any(r["status"] == "sandbox_error" for r in info["tool_results"]):
+        if getattr(env, "stateful", False) and any(r["status"] == ToolStatus.SANDBOX_ERROR for r in info["tool_results"]):
             # The executor failed mid-episode: the session's variables may be gone, so later cells would run on a
             # state the model never built. Such an episode is not honest training data.
             raise EpisodeAborted("the sandbox failed in a stateful episode (its session state is lost)")

@@ -15,38 +15,9 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field, fields, replace
-from enum import Enum
 from typing import Any
 
-
-class ToolStatus(str, Enum):
-    """What became of one tool call. The sandbox's statuses (`ExecResult.status`) say how code that ran ended; the
-    environment adds two for calls that never ran. Plain strings compare equal to the members.
-
-    | status          | ran | failed | meaning                                                              |
-    |-----------------|-----|--------|----------------------------------------------------------------------|
-    | `ok`            | yes | no     | ran to the end, exit code 0                                          |
-    | `error`         | yes | yes    | raised an exception or exited non-zero                               |
-    | `timeout`       | yes | yes    | hit the wall-clock or CPU limit (the model sees the partial output)  |
-    | `memory`        | yes | yes    | hit the memory limit                                                 |
-    | `killed`        | yes | yes    | died of a signal it did not ask for                                  |
-    | `sandbox_error` | yes | yes    | the executor itself failed; the code may not have run                |
-    | `invalid`       | no  | -      | could not be parsed (bad JSON, no code...); the model is told why    |
-    | `skipped`       | no  | -      | over `max_tool_calls`: not run, the episode ends                     |
-    """
-
-    OK = "ok"
-    ERROR = "error"
-    TIMEOUT = "timeout"
-    MEMORY = "memory"
-    KILLED = "killed"
-    SANDBOX_ERROR = "sandbox_error"
-    INVALID = "invalid"
-    SKIPPED = "skipped"
-
-    def __str__(self) -> str:
-        return self.value
-
+from retool_env.sandbox.base import ToolStatus
 
 NOT_RUN = frozenset({ToolStatus.INVALID, ToolStatus.SKIPPED})
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -367,3 +368,163 @@ def _parent(pid: int) -> int | None:
             return int(f.read().rsplit(")", 1)[1].split()[1])
     except (OSError, ValueError, IndexError):
         return None
+
+
+# ------------------------------------------------------------------------------------- before authentication
+@pytest.fixture()
+def cli_server():
+    """`retool-env sandbox serve` in its own process, as deployed: its memory and descriptors are its own."""
+    import resource
+
+    def usual_open_file_limit():  # what most machines give a process: the server must raise it itself
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "retool_env.cli", "sandbox", "serve", "--port", str(port),
+                             "--max-concurrency", "2"], stdout=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, TOKEN_ENV: TOKEN}, preexec_fn=usual_open_file_limit)
+    assert "run_code" in proc.stdout.readline()
+    yield proc, port
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=30)
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+def test_connections_that_never_finish_their_headers_hold_little_memory(cli_server):
+    proc, port = cli_server
+    assert SandboxFusionSandbox(f"http://127.0.0.1:{port}", token=TOKEN).run_sync("print(1)").ok  # warm
+    before = rss_mb(proc.pid)
+    sockets = []
+    for _ in range(30):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        sock.sendall(b"POST /run_code HTTP/1.1\r\nHost: x\r\n")
+        with contextlib.suppress(OSError):  # the server cuts it off at its head cap: send what it takes
+            for i in range(100):  # distinct headers, each under the old 64 KiB line limit, 100 of them allowed
+                sock.sendall(b"X-Filler-%d: " % i + b"a" * 60_000 + b"\r\n")
+        sockets.append(sock)
+    time.sleep(1.0)
+    grown = rss_mb(proc.pid) - before
+    for sock in sockets:
+        sock.close()
+    assert grown < 40, f"30 unfinished heads grew the server by {grown:.0f} MB"  # was 196 MB
+
+
+def test_too_long_request_lines_and_heads_are_refused(server):
+    assert raw_exchange(server.port, b"GET /" + b"a" * 10_000 + b" HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 431")
+    head = b"POST /run_code HTTP/1.1\r\n" + b"".join(b"X-%d: %s\r\n" % (i, b"b" * 4000) for i in range(10))
+    assert raw_exchange(server.port, head + b"\r\n").startswith(b"HTTP/1.1 431")  # 40 KB of headers in all
+
+
+def test_a_thousand_idle_connections_do_not_lock_out_a_caller_with_the_token(cli_server):
+    import resource
+
+    proc, port = cli_server
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))  # this test's own 1,100 sockets
+    idle = []
+    try:
+        for _ in range(1100):  # more than the old 1,024 open files, and than the cap
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+        begin = time.monotonic()
+        result = SandboxFusionSandbox(f"http://127.0.0.1:{port}", token=TOKEN, retries=0, timeout=5).run_sync("print(8)")
+        took = time.monotonic() - begin
+        assert result.stdout == "8\n", result
+        assert took < 5, f"the call took {took:.1f} s beside 1,100 idle connections"
+        assert proc.poll() is None
+    finally:
+        for sock in idle:
+            sock.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+# ------------------------------------------------------------------------------------- the client checks the server
+class Impostor:
+    """A listener on the server's address that is not the server (a port taken while it restarts): it records
+    what it receives and answers a success it made up."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.received = b""
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = self.sock.accept()
+                with conn:
+                    data = b""
+                    while b"\r\n\r\n" not in data:
+                        data += conn.recv(65536)
+                    head, _, body = data.partition(b"\r\n\r\n")
+                    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                                      if line.lower().startswith(b"content-length")))
+                    while len(body) < length:
+                        body += conn.recv(65536)
+                    self.received += head + b"\r\n\r\n" + body
+                    answer = json.dumps({"status": "Success", "message": "", "run_result": {
+                        "status": "Finished", "return_code": 0, "stdout": "forged\n", "stderr": "",
+                        "execution_time": 0.0}}).encode()
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Retool-Auth: 00\r\n"
+                                 b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(answer), answer))
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_the_client_never_sends_its_token_and_refuses_a_forged_answer():
+    impostor = Impostor()
+    try:
+        result = SandboxFusionSandbox(f"http://127.0.0.1:{impostor.port}", token=TOKEN, retries=2,
+                                      backoff=0.01).run_sync("print(1)")
+    finally:
+        impostor.close()
+    assert result.status == "sandbox_error" and "did not prove" in result.note and "forged" not in result.output
+    assert impostor.received.count(b"POST /run_code") == 1  # not retried: an impostor is not a transient failure
+    assert TOKEN.encode() not in impostor.received  # neither as a bearer token nor in Basic auth
+    assert base64.b64encode(TOKEN.encode()) not in impostor.received
+
+
+def test_a_captured_signed_request_cannot_be_replayed_or_altered(server):
+    impostor = Impostor()
+    try:
+        SandboxFusionSandbox(f"http://127.0.0.1:{impostor.port}", token=TOKEN, retries=0).run_sync("print(3)")
+    finally:
+        impostor.close()
+    head, _, body = impostor.received.partition(b"\r\n\r\n")
+    auth = next(line.split(b":", 1)[1].strip().decode() for line in head.split(b"\r\n")
+                if line.lower().startswith(b"x-retool-auth"))
+
+    def send(content: bytes) -> httpx.Response:
+        return httpx.post(f"http://127.0.0.1:{server.port}/run_code", content=content, timeout=30,
+                          headers={"X-Retool-Auth": auth, "Content-Type": "application/json"})
+
+    first = send(body)  # the relayed original runs once (it is the client's own code)...
+    assert first.status_code == 200 and first.json()["run_result"]["stdout"] == "3\n"
+    assert send(body).status_code == 401  # ...and never again
+    altered = body.replace(b"print(3)", b"print(4)")  # another capture's MAC over other code
+    fresh = Impostor()
+    try:
+        SandboxFusionSandbox(f"http://127.0.0.1:{fresh.port}", token=TOKEN, retries=0).run_sync("print(3)")
+    finally:
+        fresh.close()
+    head, _, body = fresh.received.partition(b"\r\n\r\n")
+    auth = next(line.split(b":", 1)[1].strip().decode() for line in head.split(b"\r\n")
+                if line.lower().startswith(b"x-retool-auth"))
+    assert send(altered).status_code == 401
+
+
+def test_a_unix_socket_of_another_user_gets_nothing(served, tmp_path):
+    path = str(tmp_path / "other.sock")
+    served.start(unix_socket=path)
+    assert SandboxFusionSandbox("http://s/run_code", unix_socket=path, token=TOKEN).run_sync("print(2)").ok
+    os.chown(path, 54321, -1) if os.getuid() == 0 else pytest.skip("needs root to give the socket away")
+    refused = SandboxFusionSandbox("http://s/run_code", unix_socket=path, token=TOKEN).run_sync("print(2)")
+    assert refused.status == "sandbox_error" and "belongs to uid 54321" in refused.note
+    allowed = SandboxFusionSandbox("http://s/run_code", unix_socket=path, token=TOKEN, server_uid=54321)
+    assert allowed.run_sync("print(2)").stdout == "2\n"

@@ -19,7 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from retool_env.sandbox import ExecResult, LocalSandbox, Sandbox, SandboxFusionSandbox, make_sandbox, probes
+from retool_env.sandbox import (
+    ExecResult,
+    LocalSandbox,
+    Sandbox,
+    SandboxFusionPool,
+    SandboxFusionSandbox,
+    ToolStatus,
+    make_sandbox,
+    probes,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -524,3 +533,53 @@ def test_idle_sessions_are_held_to_a_memory_budget():
     assert info["sessions_evicted"] >= 1 and info["session_memory_mb"] <= 300, info
     assert first.status == "error" and "NameError" in first.output, first  # evicted: a fresh session
     assert (third.status, third.stdout) == ("ok", f"{150 << 20}\n"), third
+
+
+# ------------------------------------------------------------------------------------------ the one contract
+class EchoBackend(Sandbox):
+    """A backend written as the contract asks: `_run` only. It echoes the checked arguments it was given."""
+
+    timeout = 7.0
+
+    async def _run(self, code, *, timeout, session, stdin, memory_mb):
+        return ExecResult(ToolStatus.OK, stdout=json.dumps([timeout, session, stdin, memory_mb]))
+
+
+def test_the_base_run_checks_and_normalises_arguments_for_every_backend():
+    backend = EchoBackend()
+    assert json.loads(run(backend, "x").stdout) == [7.0, None, None, None]  # the backend's default timeout
+    assert json.loads(run(backend, "x", timeout=2, session="s", stdin="in", memory_mb=64).stdout) == [2.0, "s", "in",
+                                                                                                      64]
+    assert run(backend, b"print(1)").status == "error"  # model output never raises
+    for bad in ({"timeout": 0}, {"timeout": -1}, {"timeout": float("nan")}, {"timeout": float("inf")},
+                {"timeout": "5"}, {"timeout": True}, {"memory_mb": 0}, {"memory_mb": 1.5}, {"session": 3},
+                {"stdin": b"x"}):
+        with pytest.raises(ValueError):
+            run(backend, "x", **bad)
+
+
+def test_every_backend_refuses_a_timeout_of_zero_the_same_way():
+    """The copies used to disagree (local and Ray refused, fusion and the pool sent it on): one check now."""
+    from retool_env.sandbox.ray_pool import RaySandbox
+
+    closed_port = "http://127.0.0.1:9/run_code"  # never reached: the check comes first
+    backends = [LocalSandbox(), SandboxFusionSandbox(closed_port), SandboxFusionPool([closed_port]),
+                RaySandbox(actors=1, name=None)]
+    for backend in backends:
+        for timeout in (0, -2.5):
+            with pytest.raises(ValueError, match="timeout must be a finite positive number"):
+                run(backend, "print(1)", timeout=timeout)
+        backend.close()
+    assert all(getattr(b, "_process", None) is None for b in backends)  # nothing was started for a refused call
+
+
+def test_statuses_are_one_str_enum():
+    result = ExecResult("sandbox_error", note="x")  # a plain string (the server's JSON) becomes the enum
+    assert result.status is ToolStatus.SANDBOX_ERROR and result.status == "sandbox_error"
+    assert json.loads(json.dumps(result.to_dict()))["status"] == "sandbox_error" and f"{result.status}" == "sandbox_error"
+    assert ExecResult("ok").ok and not ExecResult("error").ok
+    with pytest.raises(ValueError):
+        ExecResult("forged")
+    from retool_env.trajectory import ToolStatus as RecordStatus
+
+    assert RecordStatus is ToolStatus  # one enum for the sandbox and the episode's records

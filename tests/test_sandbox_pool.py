@@ -4,8 +4,11 @@ processes, one of them killed mid-run."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -144,3 +147,72 @@ def test_calls_beyond_the_limit_queue_and_a_down_pool_says_so(servers):
     dead = SandboxFusionPool(["http://127.0.0.1:9/run_code"], health_interval=0.1)
     result = dead.run_sync("print(1)")
     assert result.status == "sandbox_error" and dead.stats()["actors"] == 0
+
+
+class FusionStub:
+    """A real HTTP endpoint on 127.0.0.1 that answers every call as SandboxFusion does when its executor reports a
+    failure (`status: SandboxError`): an answer, not an endpoint failure. It counts the calls it gets."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/run_code"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = self.sock.accept()
+                with conn:
+                    data = b""
+                    while b"\r\n\r\n" not in data:
+                        data += conn.recv(65536)
+                    self.calls += 1
+                    answer = json.dumps({"status": "SandboxError", "message": "the code did not run",
+                                         "run_result": None}).encode()
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                                 b"Connection: close\r\n\r\n%s" % (len(answer), answer))
+
+
+def test_a_failure_the_code_reports_is_answered_once_and_ejects_nothing(servers):
+    """`print(...); os._exit(70)` once came back `sandbox_error` and the pool ran it twice and took both endpoints
+    out of routing: an answer is the code's outcome, whatever status it carries."""
+    (_, first_url), (_, second_url) = servers
+    pool = SandboxFusionPool([first_url, second_url], per_endpoint=4, timeout=10, token=TOKEN)
+    forged = pool.run_sync("import os\nprint('x', flush=True)\nos._exit(70)")
+    stats = pool.stats()
+    assert forged.status == "error" and forged.stdout == "x\n", forged  # the code's own exit, never `sandbox_error`
+    assert stats["calls"] == 1 and stats["retries"] == 0 and stats["actors"] == 2
+    assert all(node["lost"] == 0 for node in stats["nodes"].values())
+
+    stub = FusionStub()  # an endpoint whose executor says it failed: no second run elsewhere, still routed to
+    try:
+        pool = SandboxFusionPool([stub.url, first_url], per_endpoint=1, timeout=10)
+        reported = pool.run_sync("print(1)")
+        assert reported.status == "sandbox_error" and "the code did not run" in reported.note
+        assert stub.calls == 1 and pool.stats()["retries"] == 0 and pool.stats()["actors"] == 2
+    finally:
+        stub.sock.close()
+
+
+def test_an_endpoint_that_fails_is_retried_elsewhere_and_ejected(servers):
+    (_, url), _ = servers
+    impostor = socket.create_server(("127.0.0.1", 0))  # accepts, then resets: a transport failure
+    dead = f"http://127.0.0.1:{impostor.getsockname()[1]}/run_code"
+
+    def reset_all():
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = impostor.accept()
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                conn.close()
+
+    threading.Thread(target=reset_all, daemon=True).start()
+    try:
+        pool = SandboxFusionPool([dead, url], per_endpoint=1, timeout=10, token=TOKEN, health_interval=60)
+        results = [pool.run_sync(f"print({i})") for i in range(4)]
+        stats = pool.stats()
+    finally:
+        impostor.close()
+    assert [r.stdout for r in results] == [f"{i}\n" for i in range(4)]
+    assert stats["nodes"][dead]["lost"] == 1 and stats["nodes"][dead]["actors"] == 0 and stats["retries"] == 1

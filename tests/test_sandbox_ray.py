@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 import time
 from types import SimpleNamespace
 
@@ -29,6 +30,8 @@ PROBLEMS = [Problem(f"What is {a} * {b}?", str(a * b), id=f"p{a}") for a, b in
 
 @pytest.fixture(scope="module")
 def cluster():
+    # Ray's default failure detection, as in production: a crashed node is declared dead only seconds later, the
+    # window in which a replacement looked up by name used to be the crashed node's actor again.
     cluster = Cluster(initialize_head=True, head_node_args={**SMALL, "include_dashboard": False})
     for _ in range(3):
         cluster.add_node(**SMALL, resources={"sandbox": 1})
@@ -41,7 +44,7 @@ def cluster():
 @pytest.fixture(scope="module")
 def pool(cluster):
     pool = RaySandbox(resource="sandbox", resource_per_actor=1, max_in_flight=4, timeout=10, max_concurrency=4,
-                      health_interval=0.5, health_timeout=5, prefork=1)
+                      health_interval=0.5, health_timeout=5, call_margin=10, prefork=1)
     pool.start()
     yield pool
     pool.close()
@@ -177,7 +180,46 @@ def test_a_lost_session_answers_sandbox_error_and_its_episode_is_aborted(tiny_to
     assert pool.stats()["lost"] >= 1
 
 
-def test_a_node_removed_mid_run_costs_retries_not_results_and_capacity_comes_back(tiny_tok, cluster, pool):
+@pytest.fixture()
+def ray_call_threads(monkeypatch):
+    """The thread each `ray.kill` and `ray.cancel` ran on (the real calls still run): a blocking Ray call on Ray's own
+    callback thread never returns."""
+    import retool_env.sandbox.ray_pool as ray_pool
+
+    threads = []
+    for name in ("kill", "cancel"):
+        real = getattr(ray, name)
+
+        def watched(*args, _real=real, **kwargs):
+            threads.append(threading.current_thread().name)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(ray_pool.ray, name, watched)
+    return threads
+
+
+def test_actors_that_cannot_start_fail_start_clearly_and_close_in_bounded_time(cluster, ray_call_threads):
+    """A bad sandbox option (the actor's constructor raises) and a resource no node has: `start()` says so, and
+    `close()` returns at once; it used to hang in `ray.kill`, called on Ray's own callback thread."""
+    broken = RaySandbox(resource="CPU", resource_per_actor=0.1, actors=2, name=None, no_such_option=1)
+    with pytest.raises(RuntimeError, match="failed to start"):
+        broken.start()
+    begin = time.monotonic()
+    broken.close()
+    assert time.monotonic() - begin < broken.close_timeout + 1
+    assert ray_call_threads and set(ray_call_threads) == {"retool-ray-sandbox"}  # the pool's thread, never Ray's
+
+    nowhere = RaySandbox(resource="no_such_resource", resource_per_actor=1, actors=2, name=None, start_timeout=2,
+                         close_timeout=5)
+    with pytest.raises(RuntimeError, match="did not all start within 2 s"):
+        nowhere.run_sync("print(1)")  # a call starts the pool lazily
+    begin = time.monotonic()
+    nowhere.close()
+    assert time.monotonic() - begin < nowhere.close_timeout + 1
+    assert not nowhere._maintenance.is_alive()  # its chores (killing the pending actors) are done
+
+
+def test_a_node_crashed_mid_run_costs_retries_not_results_and_capacity_comes_back(tiny_tok, cluster, pool):
     deadline = time.monotonic() + 60
     while len(pool.actor_nodes()) < 3 and time.monotonic() < deadline:  # the last test's replacement
         time.sleep(0.2)
@@ -187,7 +229,7 @@ def test_a_node_removed_mid_run_costs_retries_not_results_and_capacity_comes_bac
 
     async def remove_a_node_midway():
         await asyncio.sleep(1.0)
-        cluster.remove_node(worker_nodes[0])
+        cluster.remove_node(worker_nodes[0], allow_graceful=False)  # a crash: its raylet and workers SIGKILLed
 
     async def main():
         make_env = lambda: ToolEnvironment(tiny_tok, PROBLEMS, sandbox=pool, tool_timeout=10.0)  # noqa: E731
@@ -206,3 +248,14 @@ def test_a_node_removed_mid_run_costs_retries_not_results_and_capacity_comes_bac
         time.sleep(0.2)
     assert len(set(pool.actor_nodes())) == 3 and worker_nodes[0].node_id not in pool.actor_nodes()
     assert pool.run_sync("print(6 * 7)").stdout == "42\n"
+    names = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
+    replacements = [n for n in names if re.fullmatch(r"retool-sandbox-\d-[0-9a-f]{8}", n)]
+    assert replacements  # a new actor, never the crashed one looked up again by its name
+
+
+def test_close_after_a_crash_is_bounded(cluster, pool):
+    begin = time.monotonic()
+    private = RaySandbox(resource="CPU", resource_per_actor=0.1, actors=1, name=None, close_timeout=5)
+    assert private.run_sync("print(3)").stdout == "3\n"
+    private.close()
+    assert time.monotonic() - begin < 60 and not private._maintenance.is_alive()

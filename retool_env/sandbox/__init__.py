@@ -18,12 +18,12 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from .base import ExecResult, Sandbox
+from .base import ExecResult, Sandbox, ToolStatus
 from .fusion import SandboxFusionSandbox
 from .local import LocalSandbox
 from .pool import SandboxFusionPool
 
-__all__ = ["ExecResult", "LocalSandbox", "Sandbox", "SandboxFusionPool", "SandboxFusionSandbox", "make_sandbox"]
+__all__ = ["ExecResult", "LocalSandbox", "Sandbox", "SandboxFusionPool", "SandboxFusionSandbox", "ToolStatus", "make_sandbox"]
 
 
 def make_sandbox(spec: str | Sandbox | None = "local", **kwargs: Any) -> Sandbox:

@@ -11,7 +11,8 @@ private to the sandbox, so they are refused with a `SandboxError` that says so, 
 Model code run here is an adversary, so the server guards itself: a bearer token on every call but the ping
 (`Authorization: Bearer <token>`, or HTTP Basic auth with the token as password, which is what clients that cannot
 set headers send for a URL like `http://retool:<token>@127.0.0.1:8080`), 127.0.0.1 or a mode-0600 unix socket by
-default, a read timeout against slow clients, and a bound on the bytes of all request bodies in flight together.
+default, a read timeout against slow clients, and a bound on the bytes of all request bodies in flight together; before
+a connection authenticates, a short header timeout, caps on head bytes and on connections (see `FusionServer`).
 """
 
 from __future__ import annotations
@@ -20,17 +21,21 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import hashlib
 import hmac
 import ipaddress
 import json
 import math
 import os
+import resource
 import secrets
+import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from .base import ExecResult, Sandbox
-from .fusion import TOKEN_ENV
+from .base import ExecResult, Sandbox, ToolStatus
+from .fusion import AUTH_HEADER, CLOCK_SKEW, TOKEN_ENV, request_mac, response_mac
 
 # SandboxFusion's `Language` literal: known languages other than Python get its SandboxError shape, unknown ones 400.
 FUSION_LANGUAGES = frozenset([
@@ -45,14 +50,19 @@ _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found"
 MAX_BODY = 64 << 20
 MAX_INFLIGHT_BYTES = 256 << 20
 READ_TIMEOUT = 30.0
+HEADER_TIMEOUT = 10.0
+MAX_LINE = 8 << 10  # bytes of the request line, and of any one header line
+MAX_HEAD = 32 << 10  # bytes of the request line and all headers together
+MAX_CONNECTIONS = 1024
+MAX_CONNECTIONS_PER_PEER = 256  # not yet authenticated, from one address
 _MAX_HEADERS = 100
 
 
 def to_fusion_response(result: ExecResult) -> dict[str, Any]:
     """Our result in SandboxFusion's `RunCodeResponse` shape."""
-    if result.status == "sandbox_error":
+    if result.status is ToolStatus.SANDBOX_ERROR:
         return fusion_error(result.note)
-    run_status = "TimeLimitExceeded" if result.status == "timeout" else "Finished"
+    run_status = "TimeLimitExceeded" if result.status is ToolStatus.TIMEOUT else "Finished"
     run = {
         "status": run_status,
         "execution_time": result.duration,
@@ -60,7 +70,7 @@ def to_fusion_response(result: ExecResult) -> dict[str, Any]:
         "stdout": result.stdout,
         "stderr": result.stderr,
     }
-    status = "Success" if result.status == "ok" else "Failed"
+    status = "Success" if result.status is ToolStatus.OK else "Failed"
     return {"status": status, "message": result.note, "compile_result": None, "run_result": run,
             "executor_pod_name": None, "files": {}}
 
@@ -183,12 +193,28 @@ class _HTTPError(Exception):
 
 
 # ------------------------------------------------------------------------------------------------ the server
+@dataclass(eq=False)
+class _Connection:
+    peer: str
+    transport: Any
+    authenticated: bool = False
+    counted: bool = True
+
+
 class FusionServer:
     """Serves `POST /run_code` from a sandbox; `serve_forever` or use `start()`/`close()` around a test.
 
     `token` is required: a string that every call must present, or None for no authentication, which is refused
     unless the server listens on a loopback address or a unix socket (then any local user can run code through it).
-    `read_timeout` bounds both the wait for a request on an open connection and the time to receive it;
+    A call proves it holds the token by an HMAC of itself (`X-Retool-Auth`, what `SandboxFusionSandbox` sends: the
+    token never travels, and the answer carries the server's HMAC so the client knows it reached this server), or by
+    presenting the token itself (Bearer or Basic auth, what SandboxFusion's own clients can send).
+
+    Before a connection has authenticated it is held to little: `header_timeout` for each request's head (request
+    line and headers, at most `MAX_LINE` bytes a line and `MAX_HEAD` in all), at most `max_connections_per_peer`
+    such connections from one address, and when `max_connections` are open a new one closes the oldest
+    unauthenticated one (so idle connections never lock out a caller with the token). The open-file limit is raised
+    at `start()` to fit. `read_timeout` bounds an authenticated connection's idle wait and a body's arrival;
     `max_inflight_bytes` bounds the request bodies held at once (413 for one body over `max_body`, 503 while full).
     """
 
@@ -201,8 +227,11 @@ class FusionServer:
         token: str | None,
         unix_socket: str | None = None,
         read_timeout: float = READ_TIMEOUT,
+        header_timeout: float = HEADER_TIMEOUT,
         max_body: int = MAX_BODY,
         max_inflight_bytes: int = MAX_INFLIGHT_BYTES,
+        max_connections: int = MAX_CONNECTIONS,
+        max_connections_per_peer: int = MAX_CONNECTIONS_PER_PEER,
         reuse_port: bool = False,
     ) -> None:
         if token is None and unix_socket is None and not is_loopback(host):
@@ -212,22 +241,31 @@ class FusionServer:
             raise ValueError("the token is empty")
         self.sandbox, self.host, self.port, self.unix_socket = sandbox, host, port, unix_socket
         self._token = None if token is None else token.encode()
-        self.read_timeout, self.max_body, self.max_inflight_bytes = read_timeout, max_body, max_inflight_bytes
+        self.read_timeout, self.header_timeout = read_timeout, header_timeout
+        self.max_body, self.max_inflight_bytes = max_body, max_inflight_bytes
+        self.max_connections, self.max_connections_per_peer = max_connections, max_connections_per_peer
         self._inflight_bytes = 0
+        self._open = 0  # connections counted against max_connections
+        self._waiting: OrderedDict[_Connection, None] = OrderedDict()  # not yet authenticated, oldest first
+        self._per_peer: dict[str, int] = {}
+        self._live: set[_Connection] = set()
+        self._nonces: OrderedDict[str, float] = OrderedDict()  # signed requests seen, until they expire
         self.reuse_port = reuse_port  # several worker processes on one port, the kernel spreading connections
         self._server: asyncio.base_events.Server | None = None
 
     async def start(self) -> int:
         """Listen; returns the port (useful with port=0; 0 on a unix socket)."""
+        raise_open_file_limit(2 * self.max_connections + 256)
         if self.unix_socket is not None:
             old_umask = os.umask(0o177)  # the socket is born mode 0600: no window where another user can connect
             try:
-                self._server = await asyncio.start_unix_server(self._connection, self.unix_socket, backlog=1024)
+                self._server = await asyncio.start_unix_server(self._connection, self.unix_socket, backlog=1024,
+                                                               limit=MAX_LINE)
             finally:
                 os.umask(old_umask)
             return 0
         self._server = await asyncio.start_server(self._connection, self.host, self.port, backlog=1024,
-                                                  reuse_port=self.reuse_port or None)
+                                                  reuse_port=self.reuse_port or None, limit=MAX_LINE)
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
@@ -242,48 +280,112 @@ class FusionServer:
         await self._server.serve_forever()
 
     async def close(self) -> None:
+        """Stop listening and end every open connection (idle keep-alive ones included)."""
         if self._server is not None:
             self._server.close()
+            for connection in list(self._live):
+                connection.transport.abort()
+            await asyncio.sleep(0.05)  # let their handlers see it and finish
             await self._server.wait_closed()
         if self.unix_socket is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.unix_socket)
 
+    @property
+    def connections(self) -> dict[str, int]:
+        """Open connections, and those not yet authenticated: for tests and monitoring."""
+        return {"open": self._open, "unauthenticated": len(self._waiting)}
+
+    # -------------------------------------------------------------------------------------------- admission
+    def _admit(self, writer: asyncio.StreamWriter) -> _Connection | None:
+        peername = writer.get_extra_info("peername")
+        peer = peername[0] if isinstance(peername, tuple) and peername else "unix"
+        if self._per_peer.get(peer, 0) >= self.max_connections_per_peer:
+            self._evict(peer)
+        if self._open >= self.max_connections and not self._evict(None):
+            return None  # every open connection has authenticated: this one waits for a free place elsewhere
+        connection = _Connection(peer, writer.transport)
+        self._live.add(connection)
+        self._open += 1
+        self._waiting[connection] = None
+        self._per_peer[peer] = self._per_peer.get(peer, 0) + 1
+        return connection
+
+    def _evict(self, peer: str | None) -> bool:
+        """Close the oldest unauthenticated connection (of `peer`, or of anyone); whether there was one."""
+        for connection in self._waiting:
+            if peer is None or connection.peer == peer:
+                self._release(connection)
+                connection.transport.abort()
+                return True
+        return False
+
+    def _authenticated(self, connection: _Connection) -> None:
+        if not connection.authenticated:
+            connection.authenticated = True
+            self._unwait(connection)
+
+    def _unwait(self, connection: _Connection) -> None:
+        if self._waiting.pop(connection, False) is None:
+            self._per_peer[connection.peer] -= 1
+            if not self._per_peer[connection.peer]:
+                del self._per_peer[connection.peer]
+
+    def _release(self, connection: _Connection) -> None:
+        self._live.discard(connection)
+        self._unwait(connection)
+        if connection.counted:
+            connection.counted = False
+            self._open -= 1
+
     # -------------------------------------------------------------------------------------------- one connection
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connection = self._admit(writer)
+        if connection is None:
+            writer.transport.abort()
+            return
         try:
             while True:
-                try:  # an idle keep-alive connection, or a client that never sends, is closed
-                    request_line = await asyncio.wait_for(reader.readline(), self.read_timeout)
+                # Idle: an authenticated connection may wait for its next request; any other has little time.
+                idle = self.read_timeout if connection.authenticated else self.header_timeout
+                try:
+                    request_line = await asyncio.wait_for(reader.readline(), idle)
                 except asyncio.TimeoutError:
+                    return
+                except (ValueError, asyncio.LimitOverrunError):
+                    await self._respond(writer, 431, {"detail": f"request line over {MAX_LINE} bytes"}, False)
                     return
                 if not request_line.strip():
                     return
-                keep_alive = await self._request(request_line, reader, writer)
+                keep_alive = await self._request(connection, request_line, reader, writer)
                 if not keep_alive:
                     return
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError):
             return
         finally:
+            self._release(connection)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    async def _request(self, request_line: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    async def _request(self, connection: _Connection, request_line: bytes, reader: asyncio.StreamReader,
+                       writer: asyncio.StreamWriter) -> bool:
         """Read, route and answer one request; returns whether the connection stays open."""
         reserved = 0
         try:
             try:
                 method, path, headers = await asyncio.wait_for(self._read_head(request_line, reader),
-                                                               self.read_timeout)
+                                                               self.header_timeout)
                 keep_alive = headers.get("connection", "").lower() != "close"
                 if method == "GET" and path in ("/v1/ping", "/ping", "/health"):
                     await self._respond(writer, 200, "pong", keep_alive)
                     return keep_alive
-                if not self._authorized(headers):
+                signed = self._signed(headers, method, path)
+                if signed is None and not self._authorized(headers):
                     raise _HTTPError(401, f"missing or wrong token: send 'Authorization: Bearer <token>' (the token "
                                           f"`retool-env sandbox serve` printed, or ${TOKEN_ENV}), or put it in the URL "
                                           "as http://retool:<token>@host:port")
+                self._authenticated(connection)
                 length = self._content_length(method, headers)
                 if self._inflight_bytes + length > self.max_inflight_bytes:
                     raise _HTTPError(503, "the server holds as many request bytes as it may; retry shortly")
@@ -292,6 +394,8 @@ class FusionServer:
                 if headers.get("expect", "").lower() == "100-continue":
                     writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
                 body = await asyncio.wait_for(reader.readexactly(length), self.read_timeout) if length else b""
+                if signed is not None and not hmac.compare_digest(hashlib.sha256(body).hexdigest(), signed[1]):
+                    raise _HTTPError(401, f"the body does not match the SHA-256 signed in {AUTH_HEADER}")
             except asyncio.TimeoutError:
                 await self._respond(writer, 408, {"detail": "the request did not arrive in time"}, keep_alive=False)
                 return False
@@ -305,7 +409,7 @@ class FusionServer:
                 code, payload = await self._route(method, path, body)
             except Exception as exc:  # a bug here must answer, not drop the connection
                 code, payload = 500, {"detail": f"{type(exc).__name__}: {exc}"}
-            await self._respond(writer, code, payload, keep_alive)
+            await self._respond(writer, code, payload, keep_alive, nonce=signed[0] if signed else None)
             return keep_alive
         finally:
             self._inflight_bytes -= reserved
@@ -315,12 +419,35 @@ class FusionServer:
         if len(parts) != 3:
             raise _HTTPError(400, "malformed request line")
         headers: dict[str, str] = {}
+        size = len(request_line)
         while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
-            if len(headers) >= _MAX_HEADERS:
-                raise _HTTPError(431, "too many headers")
+            size += len(line)
+            if len(headers) >= _MAX_HEADERS or size > MAX_HEAD:
+                raise _HTTPError(431, f"over {_MAX_HEADERS} headers or {MAX_HEAD} bytes of headers")
             name, _, value = line.decode("latin-1").partition(":")
             headers[name.strip().lower()] = value.strip()
         return parts[0], parts[1].split("?")[0], headers
+
+    def _signed(self, headers: dict[str, str], method: str, path: str) -> tuple[str, str] | None:
+        """(nonce, body SHA-256) of a request whose `X-Retool-Auth` MAC is right, fresh and not seen before."""
+        value = headers.get(AUTH_HEADER.lower())
+        if self._token is None or not value:
+            return None
+        fields = dict(item.strip().partition("=")[::2] for item in value.split(","))
+        nonce, stamp, digest, mac = (fields.get(k, "") for k in ("nonce", "ts", "sha256", "mac"))
+        try:
+            age = abs(time.time() - float(stamp))
+        except ValueError:
+            return None
+        if not (nonce and digest and age <= CLOCK_SKEW) or nonce in self._nonces:
+            return None
+        if not hmac.compare_digest(request_mac(self._token, nonce, stamp, method, path, digest), mac):
+            return None
+        now = time.monotonic()
+        while self._nonces and next(iter(self._nonces.values())) < now:
+            self._nonces.popitem(last=False)
+        self._nonces[nonce] = now + 2 * CLOCK_SKEW  # a replay of this request is refused while it could be fresh
+        return nonce, digest
 
     def _authorized(self, headers: dict[str, str]) -> bool:
         if self._token is None:
@@ -355,15 +482,30 @@ class FusionServer:
                                         memory_mb=request.memory_mb)
         return 200, to_fusion_response(result)
 
-    async def _respond(self, writer: asyncio.StreamWriter, code: int, payload: Any, keep_alive: bool) -> None:
+    async def _respond(self, writer: asyncio.StreamWriter, code: int, payload: Any, keep_alive: bool,
+                       nonce: str | None = None) -> None:
         body = json.dumps(payload).encode("utf-8")
         extra = "WWW-Authenticate: Bearer\r\n" if code == 401 else "Retry-After: 1\r\n" if code == 503 else ""
+        if nonce is not None and self._token is not None:  # proof for the client that this server answered
+            extra += f"{AUTH_HEADER}: {response_mac(self._token, nonce, code, body)}\r\n"
         head = (
             f"HTTP/1.1 {code} {_REASONS.get(code, 'Error')}\r\nContent-Type: application/json\r\n{extra}"
             f"Content-Length: {len(body)}\r\nConnection: {'keep-alive' if keep_alive else 'close'}\r\n\r\n"
         )
         writer.write(head.encode("latin-1") + body)
         await asyncio.wait_for(writer.drain(), self.read_timeout)  # a client that never reads is dropped
+
+
+def raise_open_file_limit(wanted: int) -> int:
+    """Raise this process's soft open-file limit towards `wanted` (up to the hard limit); returns the soft limit.
+    A server at 1,024 descriptors stops accepting (EMFILE) before its connection cap can act."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    return soft
 
 
 async def serve(

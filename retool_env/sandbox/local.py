@@ -25,7 +25,7 @@ import weakref
 from typing import Any
 
 from . import isolation, seccomp
-from .base import ExecResult, Sandbox, check_code
+from .base import ExecResult, Sandbox, ToolStatus
 from .cgroups import Delegation
 from .protocol import pack, read_frame
 from .server import PRELOAD
@@ -328,25 +328,20 @@ class LocalSandbox(Sandbox):
                     await writer.wait_closed()
         raise AssertionError("unreachable")
 
-    async def run(
+    async def _run(
         self,
         code: str,
         *,
-        timeout: float | None = None,
-        session: str | None = None,
-        stdin: str | None = None,
-        memory_mb: int | None = None,
+        timeout: float,
+        session: str | None,
+        stdin: str | None,
+        memory_mb: int | None,
         echo: bool | None = None,
     ) -> ExecResult:
-        bad = check_code(code)
-        if bad is not None:
-            return bad
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         request = {
             "op": "run",
             "code": code,
-            "timeout": float(timeout if timeout is not None else self.timeout),
+            "timeout": timeout,
             "session": session,
             "stdin": stdin,
             "memory_mb": memory_mb,
@@ -357,7 +352,7 @@ class LocalSandbox(Sandbox):
             response = await self._request(request)
         except (OSError, EOFError, asyncio.IncompleteReadError, RuntimeError, ValueError) as exc:
             return ExecResult.failure(
-                "sandbox_error", f"SandboxError: the sandbox server failed ({type(exc).__name__}: {exc})",
+                ToolStatus.SANDBOX_ERROR, f"SandboxError: the sandbox server failed ({type(exc).__name__}: {exc})",
                 duration=time.perf_counter() - start,
             )  # fmt: skip
         return ExecResult(**response)

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .base import ExecResult, Sandbox, check_code
-from .fusion import SandboxFusionSandbox
+from .base import ExecResult, Sandbox, ToolStatus
+from .fusion import EndpointFailure, SandboxFusionSandbox
 
 _WINDOW = 4096  # latencies kept for p50/p99
 
@@ -125,7 +125,7 @@ class PoolStats:
             if key is not None:
                 node = self.node(key)
                 node.calls += 1
-                node.errors += result.status == "sandbox_error"
+                node.errors += result.status == ToolStatus.SANDBOX_ERROR
                 node.latencies.append(latency)
 
     def report(self, admission: Admission | None, **extra: Any) -> dict[str, Any]:
@@ -168,10 +168,12 @@ class _Endpoint:
 class SandboxFusionPool(Sandbox):
     """Several SandboxFusion-compatible endpoints (SandboxFusion, `retool-env sandbox serve`) behind one sandbox.
 
-    Calls go to the least-loaded endpoint that is up. A call that fails there (connection refused or reset, 5xx,
-    `sandbox_error`) is retried once on another endpoint, and the endpoint is taken out of routing until a probe
-    (`print(1)` through its `/run_code`) passes; down endpoints are probed again every `health_interval` seconds.
-    The calls are stateless, as SandboxFusion's are, so a retry is always safe.
+    Calls go to the least-loaded endpoint that is up. A call whose endpoint fails (connection refused or reset, a
+    timeout past the call's own, 5xx, an unreadable or unauthenticated answer) is retried once on another endpoint,
+    and the endpoint is taken out of routing until a probe (`print(1)` through its `/run_code`) passes; down
+    endpoints are probed again every `health_interval` seconds. An answer is never retried, whatever it says
+    (`error`, `killed`, even `sandbox_error`): the code's own outcome must not run it twice nor take an endpoint
+    out. The calls are stateless, as SandboxFusion's are, so a retry after an endpoint failure is safe.
 
     Arguments:
         urls: a list of `/run_code` URLs, or the path of a file with one per line (`#` comments allowed).
@@ -248,18 +250,9 @@ class SandboxFusionPool(Sandbox):
                 endpoint.up, node.actors, node.lost = False, 0, node.lost + 1
                 endpoint.next_probe = time.monotonic() + self.health_interval
 
-    async def run(
-        self,
-        code: str,
-        *,
-        timeout: float | None = None,
-        session: str | None = None,
-        stdin: str | None = None,
-        memory_mb: int | None = None,
+    async def _run(
+        self, code: str, *, timeout: float, session: str | None, stdin: str | None, memory_mb: int | None
     ) -> ExecResult:
-        bad = check_code(code)
-        if bad is not None:
-            return bad
         begin = time.perf_counter()
         for endpoint in self._due_for_probe():  # in the background: no caller waits on a probe while others are up
             task = asyncio.ensure_future(self._probe(endpoint))
@@ -268,22 +261,23 @@ class SandboxFusionPool(Sandbox):
         async with self.admission:
             failed: _Endpoint | None = None
             key: str | None = None
-            result = ExecResult.failure("sandbox_error", "SandboxError: every SandboxFusion endpoint is down")
+            result = ExecResult.failure(ToolStatus.SANDBOX_ERROR, "SandboxError: every SandboxFusion endpoint is down")
             for _ in range(2):
                 endpoint = await self._pick(exclude=failed)
                 if endpoint is None:
                     break
                 key = endpoint.client.url
                 try:
-                    result = await endpoint.client.run(code, timeout=timeout, stdin=stdin, memory_mb=memory_mb)
+                    result = await endpoint.client.attempt(code, timeout=timeout, stdin=stdin, memory_mb=memory_mb)
+                    break  # whatever the code did (a `sandbox_error` it reported included) is its answer
+                except EndpointFailure as exc:  # the endpoint failed, not the code: out until a probe passes
+                    result = ExecResult.failure(ToolStatus.SANDBOX_ERROR, f"SandboxError: {key} failed ({exc})")
+                    self._down(endpoint)
+                    failed = endpoint
                 finally:
                     with self._stats.lock:
                         endpoint.in_flight -= 1
                         self._stats.node(endpoint.client.url).in_flight -= 1
-                if result.status != "sandbox_error":
-                    break
-                self._down(endpoint)  # taken out until a probe passes; the call moves on once
-                failed = endpoint
         self._stats.record(key, time.perf_counter() - begin, result)
         return result
 

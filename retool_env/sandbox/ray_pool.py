@@ -13,15 +13,18 @@ import asyncio
 import contextlib
 import logging
 import os
+import queue
 import threading
 import time
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from .base import ExecResult, Sandbox, check_code
+from .base import ExecResult, Sandbox, ToolStatus
 from .local import LocalSandbox
 from .pool import Admission, PoolStats
 
@@ -58,7 +61,7 @@ class SandboxActor:
 class _Member:
     """One actor as the driver sees it."""
 
-    index: int  # its place in the pool: a replacement takes the same index (and name)
+    index: int  # its place in the pool: a replacement takes the same index (a new, unique name)
     handle: Any
     ref: Any  # of `start()`
     started: Any  # the same, as a concurrent.futures.Future that any event loop can wait on
@@ -68,6 +71,7 @@ class _Member:
     alive: bool = True
     in_flight: int = 0
     calls: int = 0
+    replacement: bool = False  # started under a name of its own: no other process shares it
 
 
 class RaySandbox(Sandbox):
@@ -97,7 +101,11 @@ class RaySandbox(Sandbox):
 
     Failures: a stateless call whose actor is lost is retried once on another actor; a stateful session whose actor
     is lost answers `sandbox_error` from then on (its variables are gone), so `run_episode` aborts the episode rather
-    than train on it. Lost actors are replaced; Ray places the replacement wherever the resource is free.
+    than train on it. Lost actors are replaced by new actors with names of their own (never looked up by name: that
+    would hand back the lost actor while Ray has not yet marked its node dead); Ray places the replacement wherever
+    the resource is free. Every blocking Ray call (kill, cancel, spawn, health checks) runs on the pool's own
+    maintenance thread, never on Ray's callback threads nor on an event loop, and `close()` returns within
+    `close_timeout` seconds whatever state the actors are in.
     """
 
     def __init__(
@@ -114,6 +122,7 @@ class RaySandbox(Sandbox):
         health_timeout: float = 10.0,
         call_margin: float = 30.0,
         start_timeout: float = 300.0,
+        close_timeout: float = 10.0,
         actor_options: dict[str, Any] | None = None,
         **sandbox_kwargs: Any,
     ) -> None:
@@ -128,6 +137,7 @@ class RaySandbox(Sandbox):
         self.health_timeout = health_timeout
         self.call_margin = call_margin
         self.start_timeout = start_timeout
+        self.close_timeout = close_timeout
         self.timeout = float(sandbox_kwargs.get("timeout", 10.0))
         if resource == "CPU":
             sandbox_kwargs.setdefault("max_concurrency", max(1, int(2 * resource_per_actor)))
@@ -143,7 +153,8 @@ class RaySandbox(Sandbox):
         self._start_lock = threading.Lock()
         self._admission: Admission | None = None
         self._stop = threading.Event()
-        self._health: threading.Thread | None = None
+        self._chores: queue.SimpleQueue[Callable[[], Any] | None] = queue.SimpleQueue()
+        self._maintenance: threading.Thread | None = None
         self._closed = False
 
     # -- the pool ------------------------------------------------------------------------------------------------
@@ -165,66 +176,112 @@ class RaySandbox(Sandbox):
                     f"the Ray cluster has no room for a sandbox actor ({self.resource_per_actor:g} x "
                     f"{self.resource!r}); start sandbox nodes with `ray start --resources '{{\"{self.resource}\": 1}}'`"
                     f" or pass resource='CPU' with a smaller resource_per_actor")
+            if self._maintenance is None:
+                self._maintenance = threading.Thread(target=self._maintain, name="retool-ray-sandbox", daemon=True)
+                self._maintenance.start()
             members = [self._spawn(index) for index in range(self.target)]
             try:
                 ray.get([m.ref for m in members], timeout=self.start_timeout)
-            except GetTimeoutError:
-                raise RuntimeError(f"{self.target} sandbox actors did not all start within {self.start_timeout:g} s; "
-                                   "is the resource free on enough nodes (`ray status`)?") from None
+            except Exception as exc:  # no room in time, or the actors failed (a bad sandbox option): give them up
+                self._retire_all(members)
+                if isinstance(exc, GetTimeoutError):
+                    raise RuntimeError(f"{self.target} sandbox actors did not all start within "
+                                       f"{self.start_timeout:g} s; is the resource free on enough nodes "
+                                       "(`ray status`)?") from None
+                raise RuntimeError(f"the sandbox actors failed to start: {exc}") from exc
             capacity = sum(m.capacity for m in members)
             self._admission = Admission(self.max_in_flight or capacity, self.max_queued)
-            self._health = threading.Thread(target=self._health_loop, name="retool-ray-sandbox-health", daemon=True)
-            self._health.start()
 
-    def _spawn(self, index: int) -> _Member:
-        """A new actor (or, in a named pool, the one another process already started); Ray places it. It serves
-        calls once its `start()` has answered."""
-        named = {"name": f"{self.name}-{index}", "namespace": "retool_env", "get_if_exists": True} if self.name else {}
+    def _spawn(self, index: int, *, replacement: bool = False) -> _Member:
+        """A new actor (or, in a named pool's first start, the one another process already started); Ray places it.
+        It serves calls once its `start()` has answered. A replacement always gets a new name of its own."""
+        if self.name is None:
+            named: dict[str, Any] = {}
+        elif replacement:
+            named = {"name": f"{self.name}-{index}-{uuid.uuid4().hex[:8]}", "namespace": "retool_env"}
+        else:
+            named = {"name": f"{self.name}-{index}", "namespace": "retool_env", "get_if_exists": True}
         handle = SandboxActor.options(**self._options, **named).remote(dict(self._sandbox_kwargs))
         ref = handle.start.remote()
-        member = _Member(index, handle, ref, ref.future())
+        member = _Member(index, handle, ref, ref.future(), replacement=replacement)
         with self._lock:
             self._members.append(member)
         member.started.add_done_callback(lambda future: self._on_started(member, future))
         return member
 
     def _on_started(self, member: _Member, future: Any) -> None:
+        """Runs on Ray's own thread: records the outcome and makes no Ray call (one there can deadlock)."""
         try:
             info = future.result()
         except Exception as exc:  # the node went away before the actor came up, or the sandbox refused to start
-            logger.warning("a sandbox actor failed to start: %s", exc)
-            self._lose(member, replace=False)  # the next health check starts another
+            if self._drop(member):
+                logger.warning("a sandbox actor failed to start: %s", exc)
+                self._submit(lambda: self._kill(member))  # the next health check starts another
             return
         with self._lock:
             member.node_id, member.capacity, member.ready = info["node_id"], info["concurrency"], member.alive
             if member.alive:
                 self._node(member.node_id).actors += 1
 
-    def _lose(self, member: _Member, *, replace: bool = True) -> None:
-        """Take an actor out of the pool for good (it is killed, its sessions answer `sandbox_error`) and replace it."""
+    def _drop(self, member: _Member) -> bool:
+        """Take an actor out of routing (its sessions answer `sandbox_error`); no Ray call. Whether it was in."""
         with self._lock:
             if not member.alive:
-                return
+                return False
             member.alive = False
-            self._members.remove(member)
+            if member in self._members:
+                self._members.remove(member)
             if member.ready:
                 node = self._node(member.node_id)
                 node.actors -= 1
                 node.lost += 1
+        return True
+
+    def _lose(self, member: _Member) -> None:
+        """An actor failed: out of routing now; killed and replaced by the maintenance thread."""
+        if self._drop(member):
+            self._submit(lambda: self._replace(member))
+
+    def _replace(self, member: _Member) -> None:
+        self._kill(member)
+        if not self._closed:
+            self._spawn(member.index, replacement=True)
+
+    def _kill(self, member: _Member) -> None:
         with contextlib.suppress(Exception):
             ray.kill(member.handle, no_restart=True)
-        if replace and not self._closed:
-            self._spawn(member.index)
+
+    def _retire_all(self, members: list[_Member]) -> None:
+        for member in members:
+            self._drop(member)
+            self._submit(lambda m=member: self._kill(m))
+
+    def _submit(self, chore: Callable[[], Any]) -> None:
+        """Run a blocking Ray call on the maintenance thread, in order."""
+        self._chores.put(chore)
 
     def _node(self, node_id: str) -> Any:
         return self._stats.node(node_id)
 
-    def _health_loop(self) -> None:
-        while not self._stop.wait(self.health_interval):
-            if not ray.is_initialized():  # the driver shut Ray down; a Ray call here would start a new one
+    def _maintain(self) -> None:
+        """The maintenance thread: chores as they come, a health check every `health_interval` seconds."""
+        next_check = time.monotonic() + self.health_interval
+        while True:
+            try:
+                chore = self._chores.get(timeout=max(0.0, next_check - time.monotonic()))
+            except queue.Empty:
+                chore = self.check_health
+                next_check = time.monotonic() + self.health_interval
+                if self._stop.is_set() or self._admission is None:
+                    continue
+            if chore is None:  # `close()`: everything asked before it is done
                 return
-            with contextlib.suppress(Exception):  # Ray shutting down under us; `close()` stops this loop
-                self.check_health()
+            if not ray.is_initialized():  # the driver shut Ray down; a Ray call here would start a new one
+                continue
+            try:
+                chore()
+            except Exception as exc:  # Ray shutting down under us; `close()` stops this thread
+                logger.debug("sandbox pool maintenance: %s", exc)
 
     def check_health(self) -> int:
         """Ping every ready actor; kill and replace those that fail or stay silent. Returns how many were lost."""
@@ -238,14 +295,15 @@ class RaySandbox(Sandbox):
             try:
                 if ref not in answered:
                     raise TimeoutError(f"no answer in {self.health_timeout:g} s")
-                ray.get(ref)
+                ray.get(ref, timeout=self.health_timeout)
             except Exception as exc:
                 logger.warning("sandbox actor on node %s failed its health check: %s", member.node_id[:8], exc)
-                self._lose(member)
+                if self._drop(member):
+                    self._replace(member)
                 lost += 1
         for index in sorted(missing):  # replacements that failed to start
             if not self._closed:
-                self._spawn(index)
+                self._spawn(index, replacement=True)
         return lost
 
     # -- calls ---------------------------------------------------------------------------------------------------
@@ -283,35 +341,22 @@ class RaySandbox(Sandbox):
         try:
             return await asyncio.wait_for(ref, kwargs["timeout"] + self.call_margin)
         except asyncio.TimeoutError:
-            with contextlib.suppress(Exception):
-                ray.cancel(ref)
+            self._submit(lambda: ray.cancel(ref))
             raise RayActorError(error_msg="no answer within the call's timeout and margin") from None
         except asyncio.CancelledError:  # the episode gave up: stop the call on the actor too
-            with contextlib.suppress(Exception):
-                ray.cancel(ref)
+            self._submit(lambda: ray.cancel(ref))
             raise
         finally:
             with self._lock:
                 member.in_flight -= 1
                 self._node(member.node_id).in_flight -= 1
 
-    async def run(
-        self,
-        code: str,
-        *,
-        timeout: float | None = None,
-        session: str | None = None,
-        stdin: str | None = None,
-        memory_mb: int | None = None,
+    async def _run(
+        self, code: str, *, timeout: float, session: str | None, stdin: str | None, memory_mb: int | None
     ) -> ExecResult:
-        bad = check_code(code)
-        if bad is not None:
-            return bad
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         await self._ensure_started()
         assert self._admission is not None
-        kwargs = {"timeout": float(timeout or self.timeout), "session": session, "stdin": stdin,
+        kwargs = {"timeout": timeout, "session": session, "stdin": stdin,
                   "memory_mb": memory_mb}
         begin = time.perf_counter()
         async with self._admission:
@@ -336,7 +381,7 @@ class RaySandbox(Sandbox):
                 lost = member
         note = "SandboxError: the sandbox actors were lost (retried once)" if lost else \
             f"SandboxError: no sandbox actor became ready within {self.start_timeout:g} s"
-        return ExecResult.failure("sandbox_error", note), lost.node_id if lost else None
+        return ExecResult.failure(ToolStatus.SANDBOX_ERROR, note), lost.node_id if lost else None
 
     async def _run_session(self, code: str, kwargs: dict[str, Any]) -> tuple[ExecResult, str | None]:
         session = kwargs["session"]
@@ -344,7 +389,7 @@ class RaySandbox(Sandbox):
         if member is None:
             picked = await self._pick()
             if picked is None:
-                return ExecResult.failure("sandbox_error", "SandboxError: no sandbox actor is ready"), None
+                return ExecResult.failure(ToolStatus.SANDBOX_ERROR, "SandboxError: no sandbox actor is ready"), None
             with self._lock:  # a turn's calls arrive together: the first to get here places the session
                 member = self._sessions.setdefault(session, picked)
                 if member is not picked:
@@ -364,8 +409,9 @@ class RaySandbox(Sandbox):
     async def close_session(self, session: str) -> None:
         member = self._sessions.pop(session, None)
         if member is not None and member.alive:
-            with contextlib.suppress(RayActorError):
-                await member.handle.close_session.remote(session)
+            ref = member.handle.close_session.remote(session)
+            with contextlib.suppress(RayActorError, asyncio.TimeoutError):
+                await asyncio.wait_for(ref, self.health_timeout)  # a lost node must not hold the episode up
 
     # -- reporting and shutdown ----------------------------------------------------------------------------------
 
@@ -379,18 +425,22 @@ class RaySandbox(Sandbox):
 
     def close(self) -> None:
         """Stop using the pool; kill a private pool's actors (their fork servers exit with them). A named pool's
-        actors stay for the other processes, and end with the process that created them. The cluster stays up."""
+        actors stay for the other processes, and end with the process that created them; replacements this process
+        started are its own, and are killed. The cluster stays up. Returns within `close_timeout` seconds whatever
+        state the actors are in (a kill Ray cannot finish is left to the maintenance thread, a daemon)."""
+        if self._closed:
+            return
         self._closed = True
         self._stop.set()
-        if self._health is not None and self._health is not threading.current_thread():
-            self._health.join(self.health_timeout + 1)  # no Ray calls after close (they would reconnect to Ray)
         with self._lock:
             members, self._members = self._members, []
         for member in members:
             member.alive = False
-            if self.name is None:
-                with contextlib.suppress(Exception):
-                    ray.kill(member.handle, no_restart=True)
+            if self.name is None or member.replacement:
+                self._submit(lambda m=member: self._kill(m))
+        self._submit(None)  # type: ignore[arg-type]
+        if self._maintenance is not None and self._maintenance is not threading.current_thread():
+            self._maintenance.join(self.close_timeout)  # no Ray calls after close (they would reconnect to Ray)
 
     def actor_nodes(self) -> list[str]:
         """The node id of every ready actor, for tests and placement checks."""
@@ -399,5 +449,5 @@ class RaySandbox(Sandbox):
 
 
 def _session_lost(member: _Member) -> ExecResult:
-    return ExecResult.failure("sandbox_error", f"SandboxError: the sandbox holding this session's state was lost "
+    return ExecResult.failure(ToolStatus.SANDBOX_ERROR, f"SandboxError: the sandbox holding this session's state was lost "
                                                f"(node {member.node_id[:8]}); the episode cannot continue")
