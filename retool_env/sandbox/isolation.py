@@ -167,9 +167,12 @@ def _check(result: int, what: str) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
+def _bytes(text: str | None) -> bytes | None:
+    return None if text is None else text.encode()
+
+
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    encode = (lambda s: None if s is None else s.encode())
-    _check(_libc().mount(encode(source), encode(target), encode(fstype), flags, encode(data)), f"mount {target}")
+    _check(_libc().mount(_bytes(source), target.encode(), _bytes(fstype), flags, _bytes(data)), f"mount {target}")
 
 
 class _MountAttr(ctypes.Structure):
@@ -304,7 +307,7 @@ def _wait_and_exit(pid: int) -> None:
 
 def _drop_server_capabilities() -> None:
     """Root in the view keeps only `_SERVER_CAPS` (bounding, effective, permitted; nothing inheritable)."""
-    from .confine import _CapData, _CapHeader, _LINUX_CAPABILITY_VERSION_3, _last_capability
+    from .confine import _LINUX_CAPABILITY_VERSION_3, _CapData, _CapHeader, _last_capability
 
     libc = _libc()
     keep = set(_SERVER_CAPS.values())
