@@ -8,9 +8,13 @@ unprivileged user. Where a check could pass vacuously, a positive control shows 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
 import shutil
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -54,7 +58,6 @@ def tree(pid: int) -> dict[int, str]:
     return found
 
 
-@pytest.mark.skipif(not shutil.which("bwrap"), reason="bubblewrap is not installed")
 def test_every_required_layer_is_on(sandbox):
     """As root every layer; unprivileged all but a uid per call and cgroups (which need root)."""
     rows = sandbox.layers()
@@ -207,8 +210,8 @@ print('FOUND', len(found))
 
     mine = secrets.token_hex(8)
     control = f"here = 'MINE' + {mine!r}\n" + scan.format(halves=halves("MINE" + mine))
-    assert "FOUND 1" in sandbox.run_sync(control).output  # the scan does find what is in memory
-    for result in run_all(sandbox, *[scan.format(halves=halves(secret_code, secret_output))] * 4):
+    assert "FOUND 1" in sandbox.run_sync(control, timeout=60).output  # the scan does find what is in memory
+    for result in run_all(sandbox, *[scan.format(halves=halves(secret_code, secret_output))] * 4, timeout=60):
         assert result.stdout.strip() == "FOUND 0", result
 
 
@@ -343,3 +346,148 @@ def test_nothing_accumulates_over_many_calls():
             assert info["sessions"] == 0 and info["running"] == 0 and info["pool"] == 2
             counts.append(slots())
         assert counts[1] <= counts[0] + 4, counts
+
+
+# -- the view: an allowlist, not the host ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def host_data():
+    """World-readable files where a trainer keeps what a policy must not read: a `.env` in the working directory,
+    a dataset with gold answers in a /workspace-like checkout and under /data (as root), an HF_HOME outside the
+    home, a file in the host's /etc. Mode 0644 in 0755 directories: only the view keeps them out of reach (a
+    uid of its own would not). As root, a 0600 root-owned file outside any home too, like /etc/shadow."""
+    token = secrets.token_hex(16)
+    tag = token[:8]
+    base = Path(tempfile.mkdtemp(prefix="retool-host-"))
+    base.chmod(0o755)
+    places = [base / "hf_home" / "hub" / "datasets" / "train.jsonl", base / "workspace" / "project" / "data.jsonl"]
+    if os.access(Path.cwd(), os.W_OK):
+        places.append(Path.cwd() / f".env.retool-canary-{tag}")
+    if ROOT:
+        places += [Path(f"/workspace-retool-{tag}/checkout/data/aime.jsonl"), Path(f"/data/retool-canary-{tag}.jsonl"),
+                   Path(f"/etc/retool-canary-{tag}"), Path(f"/var/lib/retool-shadow-{tag}")]
+    made = []
+    for path in places:
+        for parent in reversed(path.parents):
+            if not parent.exists():
+                parent.mkdir(mode=0o755)
+                made.append(parent)
+        path.write_text(f'{{"answer": "{token}"}}\n')
+        path.chmod(0o600 if "shadow" in path.name else 0o644)
+    yield token, places
+    for path in places:
+        path.unlink(missing_ok=True)
+    for directory in [*reversed(made), base]:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _finder(paths: list[Path], *, walk: bool = True) -> str:
+    """Model code that reads each path, then walks the whole filesystem for files named like them."""
+    names = sorted({p.name for p in paths})
+    reads = "".join(f"try: print(open({str(p)!r}).read())\nexcept OSError as e: print(type(e).__name__)\n"
+                    for p in paths)
+    if not walk:
+        return reads
+    return (
+        "import os\n" + reads
+        + f"names = set({names!r})\n"
+        "for top, dirs, files in os.walk('/'):\n"
+        "    if top == '/': dirs[:] = [d for d in dirs if d not in ('proc', 'sys', 'dev')]\n"
+        "    for name in names & set(files):\n"
+        "        try: print(open(os.path.join(top, name)).read())\n"
+        "        except OSError: pass\n"
+        "print('walked')\n"
+    )
+
+
+def test_host_data_is_invisible(sandbox, host_data):
+    token, paths = host_data
+    finder = _finder(paths)
+    result = sandbox.run_sync(finder, timeout=120)
+    assert result.status == "ok" and result.stdout.endswith("walked\n"), result
+    assert token not in result.output
+    # The positive control: the same code as an ordinary process (as uid 65534 when root, so the 0600 file is
+    # left out) finds every world-readable one.
+    demote = {"user": 65534, "group": 65534, "extra_groups": []} if ROOT else {}
+    control = subprocess.run([sys.executable, "-c", _finder(paths, walk=False)], capture_output=True, text=True, timeout=300, cwd="/",
+                             **demote)
+    readable = [p for p in paths if "shadow" not in p.name]
+    assert control.stdout.count(token) >= len(readable), control.stdout[-2000:]
+
+
+def test_the_view_holds_only_the_allowlist(sandbox):
+    """Top-level entries, /etc, /dev and the trainer's working directory, seen from a call."""
+    code = ("import os, json\nprint(json.dumps([sorted(os.listdir('/')), sorted(os.listdir('/etc')), "
+            "sorted(os.listdir('/dev')), os.path.exists(os.getcwd()), os.path.exists({cwd!r}), dict(os.environ)]))")
+    result = sandbox.run_sync(code.format(cwd=str(Path.cwd())))
+    top, etc, dev, _, cwd_seen, env = json.loads(result.stdout)
+    assert set(top) <= {"dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "run", "sys", "tmp", "usr",
+                        *{p.strip("/").split("/")[0] for p in isolation.python_paths()}}, top
+    assert set(etc) <= {"ld.so.cache", "passwd", "group", "hosts", "nsswitch.conf", "hostname"}, etc
+    assert set(dev) <= {"null", "zero", "full", "random", "urandom", "tty", "shm", "fd", "stdin", "stdout",
+                        "stderr"}, dev
+    assert "HF_HOME" not in env and not set(env) - {"PATH", "HOME", "TMPDIR", "LANG"}, env
+    if Path.cwd() != Path("/") and not any(str(Path.cwd()).startswith(p) for p in isolation.python_paths()):
+        assert not cwd_seen  # the trainer's working directory (the checkout) is not in the view
+
+
+def test_host_tmp_is_untouched_and_private_per_call(sandbox):
+    name = f"retool-canary-{secrets.token_hex(4)}"
+    write = f"open('/tmp/{name}', 'w').write('left'); open('/dev/shm/{name}', 'w').write('left'); print('wrote')"
+    read = f"import os\nprint(os.path.exists('/tmp/{name}'), os.path.exists('/dev/shm/{name}'))"
+    assert sandbox.run_sync(write).stdout == "wrote\n"
+    assert sandbox.run_sync(read).stdout == "False False\n"  # a later call does not find it
+    assert not Path(f"/tmp/{name}").exists() and not Path(f"/dev/shm/{name}").exists()  # nor the host
+
+
+def test_extra_paths_are_read_only(tmp_path):
+    data = tmp_path / "shared"
+    data.mkdir()
+    data.chmod(0o755)
+    tmp_path.chmod(0o755)
+    (data / "table.txt").write_text("42")
+    (data / "table.txt").chmod(0o644)
+    code = f"print(open('{data}/table.txt').read())\nopen('{data}/written', 'w')"
+    with LocalSandbox(prefork=0, extra_paths=[str(data)]) as sb:
+        result = sb.run_sync(code)
+    assert result.stdout == "42\n" and "Read-only file system" in result.output, result
+    assert not (data / "written").exists()
+    with pytest.raises(FileNotFoundError, match="extra_paths"):
+        LocalSandbox(prefork=0, extra_paths=[str(tmp_path / "missing")]).start()
+
+
+# -- fail closed --------------------------------------------------------------------------------------------------
+
+
+def test_no_view_refuses_to_start_by_default():
+    with pytest.raises(RuntimeError, match=r"refuses to start: missing .*read-only filesystem.*Fix: "):
+        LocalSandbox(isolation="none", prefork=0).start()
+    if ROOT:
+        with pytest.raises(ValueError, match="uid 0"):
+            LocalSandbox(drop_uid=False)
+
+
+def test_degrading_is_explicit_and_never_runs_code_as_root():
+    """require="none" starts without the view; as root, still never as uid 0: it refuses where a child could
+    not run as its own uid (a Python under a 0700 directory, as pyenv under /root)."""
+    try:
+        sb = LocalSandbox(isolation="none", require="none", prefork=0)
+        with pytest.warns(RuntimeWarning, match="read-only filesystem"):
+            sb.start()
+    except RuntimeError as exc:
+        assert ROOT and not isolation.python_reachable_by_others(), exc
+        assert "uid per call" in str(exc) and "require='none'" not in str(exc)
+        return
+    with sb:
+        uid = sb.run_sync("import os; print(os.getuid())").stdout.strip()
+    assert uid != "0" if ROOT else uid == str(os.getuid())
+
+
+def test_no_bubblewrap_anywhere(sandbox):
+    """The view is the sandbox's own (mount(2)): no process of its tree is bubblewrap, wherever it is installed."""
+    names = set()
+    for pid in [sandbox.server_pid, *tree(sandbox.server_pid)]:
+        with open(f"/proc/{pid}/comm") as f:
+            names.add(f.read().strip())
+    assert "bwrap" not in names and sandbox.wrapper == "namespaces", names
