@@ -138,14 +138,6 @@ def hidden_python_paths(under: tuple[str, ...] | list[str]) -> list[str]:
     return [p for p in python_paths() if any(p == d or p.startswith(d + "/") for d in under)]
 
 
-def child_rebinds(wrapper: str) -> list[tuple[str, str]]:
-    """(a copy visible in the view, path) for each Python path that a child's private /tmp covers: the child binds
-    the copy back (it cannot reach the original once its tmpfs is mounted)."""
-    if wrapper != "namespaces":
-        return []
-    return [(f"{REBIND_DIR}/{i}", path) for i, path in enumerate(hidden_python_paths(["/tmp"]))]
-
-
 def child_masks(wrapper: str) -> list[str]:
     """Where each child mounts a private tmpfs. Without the view, /tmp is kept if Python lives under it."""
     if wrapper == "namespaces" or not hidden_python_paths(["/tmp"]):
@@ -232,8 +224,9 @@ def _pivot_root(new_root: str, put_old: str) -> None:
     _check(_libc().syscall(number, new_root.encode(), put_old.encode()), "pivot_root")
 
 
-def build_view(read_only: list[str], writable: list[str], *, tmp_mb: int, shm_mb: int) -> None:
-    """Replace this mount namespace's root with the allowlist view (the caller has unshared it)."""
+def build_view(read_only: list[str], writable: list[str], *, tmp_mb: int, shm_mb: int) -> list[tuple[str, str]]:
+    """Replace this mount namespace's root with the allowlist view (the caller has unshared it). Returns what each
+    child binds back over its own /tmp: (a second view of a path under /tmp, the path)."""
     old = "/.host"
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing done here reaches the host's namespace
     # /tmp as the new root's mount point: pivot_root moves it away, so the host's /tmp stays reachable under old.
@@ -246,8 +239,10 @@ def build_view(read_only: list[str], writable: list[str], *, tmp_mb: int, shm_mb
     for path in read_only:
         if os.path.lexists(old + path):
             _bind(old + path, path)
-    for i, path in enumerate(p for p in read_only if p == "/tmp" or p.startswith("/tmp/")):
-        _bind(old + path, f"{REBIND_DIR}/{i}")  # each child's own /tmp covers the first: see child_rebinds
+    rebinds = [(f"{REBIND_DIR}/{i}", path) for i, path in enumerate(
+        p for p in read_only if (p == "/tmp" or p.startswith("/tmp/")) and os.path.lexists(old + p))]
+    for copy, path in rebinds:  # each child's own /tmp covers the first
+        _bind(old + path, copy)
     for path in writable:
         _bind(old + path, path, writable=True)
     _tmpfs("/dev", "1m", 0o755, _MS_NOSUID)
@@ -274,6 +269,7 @@ def build_view(read_only: list[str], writable: list[str], *, tmp_mb: int, shm_mb
         _lock_down(path, _MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID | (0 if path == "/dev" else _MOUNT_ATTR_NODEV),
                    recursive=False)
     os.chdir("/")
+    return rebinds
 
 
 def _unshare() -> None:
@@ -325,6 +321,7 @@ def enter(config: dict[str, Any]) -> dict[str, Any]:
     config for the server with what each child needs, and prints `view <report>` for the client."""
     spec = config.pop("view")
     report: dict[str, Any] = {"wrapper": "none", "missing": {}}
+    rebinds: list[tuple[str, str]] = []
     wanted = spec["mode"]
     if wanted == "none":
         report["missing"]["namespaces"] = "isolation='none'"
@@ -340,7 +337,8 @@ def enter(config: dict[str, Any]) -> dict[str, Any]:
                 _wait_and_exit(pid)
             _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             try:
-                build_view(read_only, list(spec["cgroup_dirs"]), tmp_mb=spec["tmp_mb"], shm_mb=spec["shm_mb"])
+                rebinds = build_view(read_only, list(spec["cgroup_dirs"]), tmp_mb=spec["tmp_mb"],
+                                     shm_mb=spec["shm_mb"])
                 _libc().sethostname(b"sandbox", 7)
                 if os.geteuid() == 0:
                     _drop_server_capabilities()
@@ -353,7 +351,7 @@ def enter(config: dict[str, Any]) -> dict[str, Any]:
                 report["wrapper"] = "namespaces-no-view"
             _libc().prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     config["masks"] = child_masks(report["wrapper"])
-    config["rebinds"] = child_rebinds(report["wrapper"])
+    config["rebinds"] = rebinds
     print("view " + json.dumps(report), flush=True)
     return config
 
