@@ -493,6 +493,7 @@ def test_a_path_under_tmp_given_in_extra_paths_stays_visible_read_only(monkeypat
             code = (f"import os\nprint(open('{checkout}/sub/mark.txt').read(), os.path.exists('{on_path}'), "
                     f"os.listdir('/tmp'))\nopen('{checkout}/sub/written.txt', 'w')")
             result = run(sb, code)
+        assert result.status == "error" and result.stdout.count(" ") >= 2, result
         text, seen, listed = result.stdout.split(" ", 2)
         assert text == "visible" and seen == "False" and ast.literal_eval(listed) == [checkout.name], result
         assert "Read-only file system" in result.output and not (checkout / "sub" / "written.txt").exists()
