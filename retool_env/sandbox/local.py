@@ -213,6 +213,9 @@ class LocalSandbox(Sandbox):
     ) -> None:
         if require not in REQUIRE:
             raise ValueError(f"require must be one of {', '.join(map(repr, REQUIRE))}, got {require!r}")
+        missing = [str(p) for p in extra_paths if not os.path.exists(p)]
+        if missing:
+            raise FileNotFoundError(f"extra_paths: {missing} do not exist")
         if not drop_uid and os.geteuid() == 0:
             raise ValueError("drop_uid=False as root would run model code as uid 0: no child ever does")
         self.timeout = timeout
