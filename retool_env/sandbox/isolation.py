@@ -285,10 +285,11 @@ def _unshare() -> None:
                 f.write(text)
 
 
-def _wait_and_exit(pid: int) -> None:
-    """The outer process: holds nothing, waits for the server (pid 1 inside) and exits as it did."""
+def _wait_and_exit(pid: int, devnull: int) -> None:
+    """The outer process: holds nothing, waits for the server (pid 1 inside) and exits as it did. It shares the
+    mount namespace, so the view replaces its root too (pivot_root): `devnull` was opened before."""
     for fd in (0, 1):
-        os.dup2(os.open(os.devnull, os.O_RDWR), fd)
+        os.dup2(devnull, fd)
     os.closerange(3, 1 << 16)
     signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGKILL))
     while True:
@@ -332,9 +333,11 @@ def enter(config: dict[str, Any]) -> dict[str, Any]:
         except OSError as exc:
             report["missing"]["namespaces"] = f"cannot create namespaces here ({exc})"
         else:
+            devnull = os.open(os.devnull, os.O_RDWR)
             pid = os.fork()
             if pid != 0:
-                _wait_and_exit(pid)
+                _wait_and_exit(pid, devnull)
+            os.close(devnull)
             _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             try:
                 rebinds = build_view(read_only, list(spec["cgroup_dirs"]), tmp_mb=spec["tmp_mb"],
