@@ -137,7 +137,7 @@ class _Process:
         return self.proc.poll() is None
 
     def healthy(self, grace: float = 1.0) -> bool:
-        """After a failed call: is the server still up? Its wrapper (unshare, bwrap) outlives it by a moment."""
+        """After a failed call: is the server still up? The process outside its namespaces outlives it by a moment."""
         try:
             self.proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
