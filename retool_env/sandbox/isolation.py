@@ -288,9 +288,15 @@ def _unshare() -> None:
 def _wait_and_exit(pid: int, devnull: int) -> None:
     """The outer process: holds nothing, waits for the server (pid 1 inside) and exits as it did. It shares the
     mount namespace, so the view replaces its root too (pivot_root): `devnull` was opened before."""
+    from .confine import _clear_capabilities, _drop_bounding_and_ambient
+
     for fd in (0, 1):
         os.dup2(devnull, fd)
     os.closerange(3, 1 << 16)
+    if os.geteuid() == 0:  # it only waits: no capability at all
+        _drop_bounding_and_ambient()
+        _clear_capabilities()
+    _libc().prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGKILL))
     while True:
         try:
