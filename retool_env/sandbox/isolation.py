@@ -32,7 +32,7 @@ import sysconfig
 from dataclasses import dataclass
 from typing import Any
 
-from . import seccomp
+from . import confine, seccomp
 
 MODES = ("auto", "namespaces", "none")
 _LEGACY_MODES = {"bwrap": "namespaces", "unshare": "namespaces"}  # the wrappers this module replaced
@@ -288,14 +288,12 @@ def _unshare() -> None:
 def _wait_and_exit(pid: int, devnull: int) -> None:
     """The outer process: holds nothing, waits for the server (pid 1 inside) and exits as it did. It shares the
     mount namespace, so the view replaces its root too (pivot_root): `devnull` was opened before."""
-    from .confine import _clear_capabilities, _drop_bounding_and_ambient
-
     for fd in (0, 1):
         os.dup2(devnull, fd)
     os.closerange(3, 1 << 16)
     if os.geteuid() == 0:  # it only waits: no capability at all
-        _drop_bounding_and_ambient()
-        _clear_capabilities()
+        confine._drop_bounding_and_ambient()
+        confine._clear_capabilities()
     _libc().prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGKILL))
     while True:
@@ -310,17 +308,16 @@ def _wait_and_exit(pid: int, devnull: int) -> None:
 
 def _drop_server_capabilities() -> None:
     """Root in the view keeps only `_SERVER_CAPS` (bounding, effective, permitted; nothing inheritable)."""
-    from .confine import _LINUX_CAPABILITY_VERSION_3, _CapData, _CapHeader, _last_capability
-
     libc = _libc()
     keep = set(_SERVER_CAPS.values())
-    for cap in range(_last_capability() + 1):
+    for cap in range(confine._last_capability() + 1):
         if cap not in keep:
             _check(libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0), f"PR_CAPBSET_DROP {cap}")
     mask = sum(1 << cap for cap in keep)
-    data = (_CapData * 2)()
+    data = (confine._CapData * 2)()
     data[0].effective = data[0].permitted = mask
-    _check(libc.capset(ctypes.byref(_CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)), data), "capset")
+    header = confine._CapHeader(confine._LINUX_CAPABILITY_VERSION_3, 0)
+    _check(libc.capset(ctypes.byref(header), data), "capset")
 
 
 def enter(config: dict[str, Any]) -> dict[str, Any]:
@@ -340,6 +337,7 @@ def enter(config: dict[str, Any]) -> dict[str, Any]:
             report["missing"]["namespaces"] = f"cannot create namespaces here ({exc})"
         else:
             devnull = os.open(os.devnull, os.O_RDWR)
+            confine._last_capability()  # read /proc before the view replaces this process's root too
             pid = os.fork()
             if pid != 0:
                 _wait_and_exit(pid, devnull)
