@@ -254,22 +254,24 @@ print('returned')
     asyncio.run(sandbox.close_session("fork-bomb"))
 
 
-def _sandbox_processes() -> list[int]:
-    """Processes running as one of the sandbox's per-call uids, anywhere on the host."""
+def _sandbox_processes(namespaces: set[str] | None = None) -> list[int]:
+    """Processes running as one of the sandboxes' per-call uids in the host's pid namespace or in `namespaces`
+    (another sandbox on this machine, in a pid namespace of its own, is none of this test's business)."""
+    wanted = {os.readlink("/proc/self/ns/pid"), *(namespaces or ())}
     found = []
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{entry}/status") as f:
                 uid = int(next(line for line in f if line.startswith("Uid:")).split()[1])
+            namespace = os.readlink(f"/proc/{entry}/ns/pid")
         except (OSError, StopIteration, ValueError):
             continue
-        if uid >= zygote.UID_BASE - 1:
+        if uid >= zygote.UID_BASE - 1 and namespace in wanted:
             found.append(int(entry))
     return found
 
 
 def test_close_leaves_no_process():
-    before = set(_sandbox_processes())
     sb = LocalSandbox(timeout=3, prefork=1)
     sb.run_sync("import os\nif os.fork() == 0:\n    while True: pass", session="s")
     for i in range(4):  # sessions whose heads took over and were stopped between calls
@@ -277,13 +279,15 @@ def test_close_leaves_no_process():
         sb.run_sync("b = 2", session=f"t{i}")
     server = sb.server_pid
     assert tree(server)
+    namespaces = {os.readlink(f"/proc/{pid}/ns/pid") for pid in tree(server)}
+    before = set(_sandbox_processes(namespaces)) - set(tree(server))
     sb.close()
     deadline = time.time() + 10
     while time.time() < deadline and (tree(server) or os.path.exists(f"/proc/{server}")):
         time.sleep(0.1)
     assert not tree(server) and not os.path.exists(f"/proc/{server}")
     if ROOT:
-        assert set(_sandbox_processes()) <= before
+        assert set(_sandbox_processes(namespaces)) <= before
 
 
 def test_tmp_and_shm_are_private_and_bounded(sandbox):
