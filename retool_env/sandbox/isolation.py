@@ -334,6 +334,8 @@ def enter(config: dict[str, Any]) -> dict[str, Any]:
             read_only = view_paths(spec["extra_paths"])
             _unshare()
         except OSError as exc:
+            if wanted == "namespaces":
+                raise
             report["missing"]["namespaces"] = f"cannot create namespaces here ({exc})"
         else:
             devnull = os.open(os.devnull, os.O_RDWR)
@@ -346,9 +348,6 @@ def enter(config: dict[str, Any]) -> dict[str, Any]:
             try:
                 rebinds = build_view(read_only, list(spec["cgroup_dirs"]), tmp_mb=spec["tmp_mb"],
                                      shm_mb=spec["shm_mb"])
-                _libc().sethostname(b"sandbox", 7)
-                if os.geteuid() == 0:
-                    _drop_server_capabilities()
                 report["wrapper"] = "namespaces"
                 report["paths"] = read_only
             except OSError as exc:
@@ -356,6 +355,9 @@ def enter(config: dict[str, Any]) -> dict[str, Any]:
                     raise
                 report["missing"]["read-only filesystem"] = f"cannot build the view ({exc})"
                 report["wrapper"] = "namespaces-no-view"
+            _libc().sethostname(b"sandbox", 7)
+            if os.geteuid() == 0:
+                _drop_server_capabilities()  # or the server does not start
             _libc().prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     config["masks"] = child_masks(report["wrapper"])
     config["rebinds"] = rebinds
