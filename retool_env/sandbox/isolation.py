@@ -61,6 +61,7 @@ _MOUNT_ATTR_RDONLY, _MOUNT_ATTR_NOSUID, _MOUNT_ATTR_NODEV = 0x1, 0x2, 0x4
 _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 _SYS_MOUNT_SETATTR = 442  # the same number on every architecture
 _PR_SET_PDEATHSIG, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS = 1, 24, 38
+_IN_SERVER = False
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,8 @@ def _package() -> str:
 def _interpreter_sys_path() -> tuple[str, ...]:
     """`sys.path` of this interpreter started as the server is (`-s`, an empty environment, no script): the
     trainer's working directory, script directory and PYTHONPATH are not in it."""
+    if _IN_SERVER:
+        return tuple(sys.path)
     code = "import json, sys; print(json.dumps(sys.path))"
     out = subprocess.run([sys.executable, "-s", "-c", code], capture_output=True, text=True, check=True, cwd="/",
                          env={"PATH": "/usr/bin:/bin", "PYTHONSAFEPATH": "1"}, timeout=60).stdout
@@ -323,6 +326,8 @@ def _drop_server_capabilities() -> None:
 def enter(config: dict[str, Any]) -> dict[str, Any]:
     """Run by the server's bootstrap before anything else: namespaces and the view (config["view"]); returns the
     config for the server with what each child needs, and prints `view <report>` for the client."""
+    global _IN_SERVER
+    _IN_SERVER = True  # started as `python -s` with an empty environment: its own sys.path is the clean one
     spec = config.pop("view")
     report: dict[str, Any] = {"wrapper": "none", "missing": {}}
     rebinds: list[tuple[str, str]] = []
