@@ -499,3 +499,13 @@ def test_no_bubblewrap_anywhere(sandbox):
         with open(f"/proc/{pid}/comm") as f:
             names.add(f.read().strip())
     assert "bwrap" not in names and sandbox.wrapper == "namespaces", names
+
+
+@pytest.mark.skipif(not ROOT or isolation.python_reachable_by_others(),
+                    reason="needs root and a Python under a directory other uids cannot search (pyenv under /root)")
+def test_a_python_under_a_private_directory_still_gets_a_uid_per_call(sandbox):
+    """The cause of a uid layer silently dropped: a child as its own uid could not import from under /root (0700).
+    The view's directories are 0755, so each call keeps its own non-zero uid and can still import lazily."""
+    result = sandbox.run_sync("import os, fractions, sqlite3\nprint(os.getuid(), fractions.__file__)")
+    uid, path = result.stdout.split()
+    assert int(uid) >= zygote.UID_BASE and path.startswith(os.path.dirname(os.__file__)), result
