@@ -89,34 +89,66 @@ def _serve_workers(count: int, run: Callable[[int], None]) -> int:
     return max(codes, default=0)
 
 
+def _plant_dataset_canary() -> tuple[str, str]:
+    """A world-readable dataset file with a gold answer at a random host path (the working directory if it is
+    writable, else /tmp): model code must not find it. Returns (its directory, the secret)."""
+    import json
+    import secrets
+    import tempfile
+
+    secret = secrets.token_hex(16)
+    for parent in (os.getcwd(), tempfile.gettempdir()):
+        with contextlib.suppress(OSError):
+            directory = tempfile.mkdtemp(prefix=".retool-doctor-dataset-", dir=parent)
+            os.chmod(directory, 0o755)
+            path = os.path.join(directory, "train.jsonl")
+            with open(path, "w") as f:
+                f.write(json.dumps({"problem": "1 + 1", "answer": secret}) + "\n")
+            os.chmod(path, 0o644)
+            return directory, secret
+    raise OSError("doctor: cannot plant a canary in the working directory or /tmp")
+
+
 def _doctor(args: argparse.Namespace) -> int:
-    """Every isolation layer as measured in a confined child, then one live attack per class."""
+    """Every isolation layer as measured in a confined child, then one live attack per class, then a planted
+    dataset file that model code must not find."""
+    import shutil
     import time
 
     from retool_env.sandbox import LocalSandbox, isolation, probes
 
     start = time.perf_counter()
-    with LocalSandbox(timeout=5, require=args.require) as sandbox:
-        rows = sandbox.layers()
-        print(f"Sandbox isolation layers on this machine (wrapper: {sandbox.wrapper}; measured in a child):")
-        for layer in rows:
-            print(f"  [{'on ' if layer.active else 'off'}] {layer.name:<22} {layer.detail}")
-        result = sandbox.run_sync("print(6 * 7)")
-        print(f"\nLive check: the server started and ran a call in {time.perf_counter() - start:.2f} s: "
-              f"{result.status} {result.output.strip()!r}")
-        print("Attacks (model code trying each; `contained` means it failed):")
-        escaped = 0
-        for name in probes.ATTACKS:
-            probe = sandbox.run_sync(probes.code(name))
-            lines = probe.output.strip().splitlines()
-            verdict = "ESCAPED" if probes.escaped(probe.output) else "contained"
-            escaped += verdict == "ESCAPED"
-            print(f"  {name:<24} {verdict:<9} {(lines or [''])[-1][:80]}")
+    directory, secret = _plant_dataset_canary()
+    try:
+        with LocalSandbox(timeout=5, require=args.require) as sandbox:
+            rows = sandbox.layers()
+            print(f"Sandbox isolation layers on this machine (view: {sandbox.wrapper}; measured in a child):")
+            for layer in rows:
+                print(f"  [{'on ' if layer.active else 'off'}] {layer.name:<22} {layer.detail}")
+            result = sandbox.run_sync("print(6 * 7)")
+            print(f"\nLive check: the server started and ran a call in {time.perf_counter() - start:.2f} s: "
+                  f"{result.status} {result.output.strip()!r}")
+            print("Attacks (model code trying each; `contained` means it failed):")
+            escaped = 0
+            for name in probes.ATTACKS:
+                probe = sandbox.run_sync(probes.code(name))
+                lines = probe.output.strip().splitlines()
+                verdict = "ESCAPED" if probes.escaped(probe.output) else "contained"
+                escaped += verdict == "ESCAPED"
+                print(f"  {name:<24} {verdict:<9} {(lines or [''])[-1][:80]}")
+            probe = sandbox.run_sync(probes.dataset_code(directory), timeout=60)
+            found = secret in probe.output
+            escaped += found
+            print(f"  {'a planted dataset':<24} {'ESCAPED' if found else 'contained':<9} "
+                  f"{directory}/train.jsonl (mode 0644): {probe.output.strip().splitlines()[-1][:60]}")
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
     root = os.geteuid() == 0
     missing = [row.name for row in isolation.required(rows, root=root) if not row.active]
-    print(f"\n{len(missing)} required layer(s) missing{': ' + ', '.join(missing) if missing else ''}; "
+    print(f"\n{len(missing)} layer(s) missing{': ' + ', '.join(missing) if missing else ''}; "
           f"{escaped} attack(s) escaped.")
-    return 0 if result.ok and not escaped else 1
+    strict_failed = args.require == "strict" and bool(missing)
+    return 0 if result.ok and not escaped and not strict_failed else 1
 
 
 def _eval(eval_args: Sequence[str]) -> int:
@@ -146,13 +178,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--timeout", type=float, default=10.0, help="run_timeout in seconds when a request sets none")
     serve.add_argument("--memory-mb", type=int, default=1024, help="memory limit per call when a request sets none")
     serve.add_argument("--max-concurrency", type=int, default=None, help="calls executing at once; None: one per CPU")
-    serve.add_argument("--isolation", default="auto", choices=["auto", "bwrap", "unshare", "none"],
-                       help="isolation wrapper; auto: the strongest this machine allows (see `retool-env doctor`)")
+    serve.add_argument("--isolation", default="auto", choices=["auto", "namespaces", "none"],
+                       help="the sandbox's own namespaces and read-only view; none needs --require none (see `doctor`)")
     serve.add_argument("--workers", type=int, default=1,
                        help="server processes sharing the port, each with its own sandbox (a node's cores, past one "
                             "process's fork rate)")
-    serve.add_argument("--require", choices=["warn", "strict"], default="warn",
-                       help="strict: refuse to start unless every sandbox isolation layer is on (see `doctor`)")
+    serve.add_argument("--require", choices=["safe", "strict", "none"], default="safe",
+                       help="safe: refuse to start without a read-only view and, as root, a uid per call; strict: "
+                            "without every layer; none: start anyway (see `doctor`)")
     serve.add_argument("--unix-socket", default=None, help="listen on this unix socket (mode 0600), not host:port")
     serve.add_argument("--token-file", default=None,
                        help="read the bearer token from this file (else $RETOOL_SANDBOX_TOKEN, else a new one, printed)")
@@ -169,8 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
         "doctor", formatter_class=defaults, help="measure the sandbox's isolation layers and try one attack per class",
         description="Measure every isolation layer of the local sandbox from inside a child, then try one live attack "
                     "per class. Exit status 1 when an attack escapes.")
-    doctor.add_argument("--require", choices=["warn", "strict"], default="warn",
-                        help="strict: fail when any isolation layer is missing")
+    doctor.add_argument("--require", choices=["safe", "strict", "none"], default="safe",
+                        help="safe: refuse to start without a read-only view and, as root, a uid per call; strict: "
+                             "fail when any layer is missing; none: measure whatever this machine allows")
     doctor.set_defaults(func=_doctor)
 
     evaluate = commands.add_parser("eval", help="evaluate a model (retool_adapters.eval_cli; --help for its options)",

@@ -2,6 +2,7 @@
 # The sandbox's isolation and adversarial suites as an unprivileged user (uid 65534), from a root shell (CI runs
 # as root). The user sees the host as it is, except the homes: a tmpfs, with the Python install bound back
 # read-only, and a checkout in a private directory, opened the same way (the host's permissions stay as they are).
+# RETOOL_HIDE_BWRAP=1 also hides bubblewrap (/dev/null bound over it): the sandbox must not need it.
 # Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,10 +13,11 @@ base=$(.venv/bin/python -c 'import sys; print(sys.base_prefix)')
 home=$(mktemp -d /tmp/retool-unprivileged-home.XXXXXX)
 chown 65534:65534 "$home"
 trap 'rm -rf "$home"; rmdir /run/retool-python /run/retool-checkout 2>/dev/null || true' EXIT
-# A private mount namespace (not bubblewrap: its partly covered /proc would stop the sandbox's own bubblewrap
-# from mounting one), the Python install held aside, the homes covered, the install bound back.
+# A private mount namespace (not bubblewrap: its partly covered /proc would stop the sandbox from mounting its own),
+# the Python install held aside, the homes covered, the install bound back.
 unshare --mount --propagation private -- bash -euc '
     base=$1 home=$2; shift 2
+    if [ "${RETOOL_HIDE_BWRAP:-0}" = 1 ] && bwrap=$(command -v bwrap); then mount --bind /dev/null "$bwrap"; fi
     mkdir -p /run/retool-python && mount --bind "$base" /run/retool-python
     for dir in /root /home; do [ -d "$dir" ] && mount -t tmpfs -o mode=0755 tmpfs "$dir"; done
     mkdir -p "$base" && mount --bind /run/retool-python "$base" && mount -o remount,bind,ro "$base"

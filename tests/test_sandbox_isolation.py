@@ -8,10 +8,14 @@ unprivileged user. Where a check could pass vacuously, a positive control shows 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import secrets
 import shutil
+import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -54,7 +58,6 @@ def tree(pid: int) -> dict[int, str]:
     return found
 
 
-@pytest.mark.skipif(not shutil.which("bwrap"), reason="bubblewrap is not installed")
 def test_every_required_layer_is_on(sandbox):
     """As root every layer; unprivileged all but a uid per call and cgroups (which need root)."""
     rows = sandbox.layers()
@@ -207,8 +210,8 @@ print('FOUND', len(found))
 
     mine = secrets.token_hex(8)
     control = f"here = 'MINE' + {mine!r}\n" + scan.format(halves=halves("MINE" + mine))
-    assert "FOUND 1" in sandbox.run_sync(control).output  # the scan does find what is in memory
-    for result in run_all(sandbox, *[scan.format(halves=halves(secret_code, secret_output))] * 4):
+    assert "FOUND 1" in sandbox.run_sync(control, timeout=60).output  # the scan does find what is in memory
+    for result in run_all(sandbox, *[scan.format(halves=halves(secret_code, secret_output))] * 4, timeout=60):
         assert result.stdout.strip() == "FOUND 0", result
 
 
@@ -252,22 +255,24 @@ print('returned')
     asyncio.run(sandbox.close_session("fork-bomb"))
 
 
-def _sandbox_processes() -> list[int]:
-    """Processes running as one of the sandbox's per-call uids, anywhere on the host."""
+def _sandbox_processes(namespaces: set[str] | None = None) -> list[int]:
+    """Processes running as one of the sandboxes' per-call uids in the host's pid namespace or in `namespaces`
+    (another sandbox on this machine, in a pid namespace of its own, is none of this test's business)."""
+    wanted = {os.readlink("/proc/self/ns/pid"), *(namespaces or ())}
     found = []
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{entry}/status") as f:
                 uid = int(next(line for line in f if line.startswith("Uid:")).split()[1])
+            namespace = os.readlink(f"/proc/{entry}/ns/pid")
         except (OSError, StopIteration, ValueError):
             continue
-        if uid >= zygote.UID_BASE - 1:
+        if uid >= zygote.UID_BASE - 1 and namespace in wanted:
             found.append(int(entry))
     return found
 
 
 def test_close_leaves_no_process():
-    before = set(_sandbox_processes())
     sb = LocalSandbox(timeout=3, prefork=1)
     sb.run_sync("import os\nif os.fork() == 0:\n    while True: pass", session="s")
     for i in range(4):  # sessions whose heads took over and were stopped between calls
@@ -275,13 +280,18 @@ def test_close_leaves_no_process():
         sb.run_sync("b = 2", session=f"t{i}")
     server = sb.server_pid
     assert tree(server)
+    namespaces = set()
+    for pid in tree(server):
+        with contextlib.suppress(OSError):  # unprivileged: not dumpable, not ours to read
+            namespaces.add(os.readlink(f"/proc/{pid}/ns/pid"))
+    before = set(_sandbox_processes(namespaces)) - set(tree(server))
     sb.close()
     deadline = time.time() + 10
     while time.time() < deadline and (tree(server) or os.path.exists(f"/proc/{server}")):
         time.sleep(0.1)
     assert not tree(server) and not os.path.exists(f"/proc/{server}")
     if ROOT:
-        assert set(_sandbox_processes()) <= before
+        assert set(_sandbox_processes(namespaces)) <= before
 
 
 def test_tmp_and_shm_are_private_and_bounded(sandbox):
@@ -348,3 +358,159 @@ def test_nothing_accumulates_over_many_calls():
             assert info["sessions"] == 0 and info["running"] == 0 and info["pool"] == 2
             counts.append(slots())
         assert counts[1] <= counts[0] + 4, counts
+
+
+# -- the view: an allowlist, not the host ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def host_data():
+    """World-readable files where a trainer keeps what a policy must not read: a `.env` in the working directory,
+    a dataset with gold answers in a /workspace-like checkout and under /data (as root), an HF_HOME outside the
+    home, a file in the host's /etc. Mode 0644 in 0755 directories: only the view keeps them out of reach (a
+    uid of its own would not). As root, a 0600 root-owned file outside any home too, like /etc/shadow."""
+    token = secrets.token_hex(16)
+    tag = token[:8]
+    base = Path(tempfile.mkdtemp(prefix="retool-host-"))
+    base.chmod(0o755)
+    places = [base / "hf_home" / "hub" / "datasets" / "train.jsonl", base / "workspace" / "project" / "data.jsonl"]
+    if os.access(Path.cwd(), os.W_OK):
+        places.append(Path.cwd() / f".env.retool-canary-{tag}")
+    if ROOT:
+        places += [Path(f"/workspace-retool-{tag}/checkout/data/aime.jsonl"), Path(f"/data/retool-canary-{tag}.jsonl"),
+                   Path(f"/etc/retool-canary-{tag}"), Path(f"/var/lib/retool-shadow-{tag}")]
+    made = []
+    for path in places:
+        for parent in reversed(path.parents):
+            if not parent.exists():
+                parent.mkdir(mode=0o755)
+                made.append(parent)
+        path.write_text(f'{{"answer": "{token}"}}\n')
+        path.chmod(0o600 if "shadow" in path.name else 0o644)
+    yield token, places
+    for path in places:
+        path.unlink(missing_ok=True)
+    for directory in [*reversed(made), base]:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _finder(paths: list[Path], *, walk: bool = True) -> str:
+    """Model code that reads each path, then walks the whole filesystem for files named like them."""
+    names = sorted({p.name for p in paths})
+    reads = "".join(f"try: print(open({str(p)!r}).read())\nexcept OSError as e: print(type(e).__name__)\n"
+                    for p in paths)
+    if not walk:
+        return reads
+    return (
+        "import os\n" + reads
+        + f"names = set({names!r})\n"
+        "for top, dirs, files in os.walk('/'):\n"
+        "    if top == '/': dirs[:] = [d for d in dirs if d not in ('proc', 'sys', 'dev')]\n"
+        "    for name in names & set(files):\n"
+        "        try: print(open(os.path.join(top, name)).read())\n"
+        "        except OSError: pass\n"
+        "print('walked')\n"
+    )
+
+
+def test_host_data_is_invisible(sandbox, host_data):
+    token, paths = host_data
+    finder = _finder(paths)
+    result = sandbox.run_sync(finder, timeout=120)
+    assert result.status == "ok" and result.stdout.endswith("walked\n"), result
+    assert token not in result.output
+    # The positive control: the trainer reads every one, and every one but the 0600 file is open to any uid
+    # (each directory above it searchable, the file readable by others): a uid of its own would not stop a call.
+    assert all(p.read_text().count(token) == 1 for p in paths)
+    for path in (p for p in paths if "shadow" not in p.name):
+        assert path.stat().st_mode & 0o004 and all(d.stat().st_mode & 0o001 for d in path.parents), path
+
+
+def test_the_view_holds_only_the_allowlist(sandbox):
+    """Top-level entries, /etc, /dev and the trainer's working directory, seen from a call."""
+    code = ("import os, json\nprint(json.dumps([sorted(os.listdir('/')), sorted(os.listdir('/etc')), "
+            "sorted(os.listdir('/dev')), os.path.isdir({cwd!r}) and os.listdir({cwd!r}), dict(os.environ)]))")
+    result = sandbox.run_sync(code.format(cwd=str(Path.cwd())))
+    top, etc, dev, cwd_seen, env = json.loads(result.stdout)
+    assert set(top) <= {"dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "run", "sys", "tmp", "usr",
+                        *{p.strip("/").split("/")[0] for p in isolation.python_paths()}}, top
+    assert set(etc) <= {"ld.so.cache", "passwd", "group", "hosts", "nsswitch.conf", "hostname"}, etc
+    assert set(dev) <= {"null", "zero", "full", "random", "urandom", "tty", "shm", "fd", "stdin", "stdout",
+                        "stderr"}, dev
+    assert "HF_HOME" not in env and not set(env) - {"PATH", "HOME", "TMPDIR", "LANG"}, env
+    if not any(str(Path.cwd()).startswith(p) for p in isolation.python_paths()):
+        # Of the trainer's working directory (the checkout), only the venv and the package inside it, if any.
+        assert set(cwd_seen or []) <= set(probes.visible_entries(str(Path.cwd()))), cwd_seen
+
+
+def test_host_tmp_is_untouched_and_private_per_call(sandbox):
+    name = f"retool-canary-{secrets.token_hex(4)}"
+    write = f"open('/tmp/{name}', 'w').write('left'); open('/dev/shm/{name}', 'w').write('left'); print('wrote')"
+    read = f"import os\nprint(os.path.exists('/tmp/{name}'), os.path.exists('/dev/shm/{name}'))"
+    assert sandbox.run_sync(write).stdout == "wrote\n"
+    assert sandbox.run_sync(read).stdout == "False False\n"  # a later call does not find it
+    assert not Path(f"/tmp/{name}").exists() and not Path(f"/dev/shm/{name}").exists()  # nor the host
+
+
+def test_extra_paths_are_read_only(tmp_path):
+    data = tmp_path / "shared"
+    data.mkdir()
+    data.chmod(0o755)
+    tmp_path.chmod(0o755)
+    (data / "table.txt").write_text("42")
+    (data / "table.txt").chmod(0o644)
+    code = f"print(open('{data}/table.txt').read())\nopen('{data}/written', 'w')"
+    with LocalSandbox(prefork=0, extra_paths=[str(data)]) as sb:
+        result = sb.run_sync(code)
+    assert result.stdout == "42\n" and "Read-only file system" in result.output, result
+    assert not (data / "written").exists()
+    with pytest.raises(FileNotFoundError, match="extra_paths"):
+        LocalSandbox(prefork=0, extra_paths=[str(tmp_path / "missing")])
+
+
+# -- fail closed --------------------------------------------------------------------------------------------------
+
+
+def test_no_view_refuses_to_start_by_default():
+    with pytest.raises(RuntimeError, match=r"refuses to start: missing .*read-only filesystem.*Fix: "):
+        LocalSandbox(isolation="none", prefork=0).start()
+    if ROOT:
+        with pytest.raises(ValueError, match="uid 0"):
+            LocalSandbox(drop_uid=False)
+
+
+def test_degrading_is_explicit_and_never_runs_code_as_root():
+    """require="none" starts without the view; as root, still never as uid 0: it refuses where a child could
+    not run as its own uid (a Python under a 0700 directory, as pyenv under /root)."""
+    sb = LocalSandbox(isolation="none", require="none", prefork=0)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            sb.start()
+    except RuntimeError as exc:
+        assert ROOT and not isolation.python_reachable_by_others(), exc
+        assert "uid per call" in str(exc) and "pass require='none'" not in str(exc)  # no way around it
+        return
+    assert any("read-only filesystem" in str(w.message) for w in caught), caught
+    with sb:
+        uid = sb.run_sync("import os; print(os.getuid())").stdout.strip()
+    assert uid != "0" if ROOT else uid == str(os.getuid())
+
+
+def test_no_bubblewrap_anywhere(sandbox):
+    """The view is the sandbox's own (mount(2)): no process of its tree is bubblewrap, wherever it is installed."""
+    names = set()
+    for pid in [sandbox.server_pid, *tree(sandbox.server_pid)]:
+        with open(f"/proc/{pid}/comm") as f:
+            names.add(f.read().strip())
+    assert "bwrap" not in names and sandbox.wrapper == "namespaces", names
+
+
+@pytest.mark.skipif(not ROOT or isolation.python_reachable_by_others(),
+                    reason="needs root and a Python under a directory other uids cannot search (pyenv under /root)")
+def test_a_python_under_a_private_directory_still_gets_a_uid_per_call(sandbox):
+    """The cause of a uid layer silently dropped: a child as its own uid could not import from under /root (0700).
+    The view's directories are 0755, so each call keeps its own non-zero uid and can still import lazily."""
+    result = sandbox.run_sync("import os, fractions, sqlite3\nprint(os.getuid(), fractions.__file__)")
+    uid, path = result.stdout.split()
+    assert int(uid) >= zygote.UID_BASE and path.startswith(os.path.dirname(os.__file__)), result

@@ -24,7 +24,8 @@ import warnings
 import weakref
 from typing import Any
 
-from . import isolation, seccomp
+from . import isolation as _isolation
+from . import seccomp
 from .base import ExecResult, Sandbox, ToolStatus
 from .cgroups import Delegation
 from .protocol import pack, read_frame
@@ -33,10 +34,14 @@ from .server import PRELOAD
 _SANDBOX_DIR = os.path.dirname(os.path.abspath(__file__))
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(_SANDBOX_DIR))
 # Import the server's modules without running `retool_env/__init__.py` (which may grow heavy imports).
+# Namespaces and the filesystem view first (isolation.enter), then the server, which reads its config from stdin.
 _BOOTSTRAP = (
-    "import sys, types\n"
+    "import io, json, sys, types\n"
     "for name, path in (('retool_env', {root!r}), ('retool_env.sandbox', {sandbox!r})):\n"
     "    module = types.ModuleType(name); module.__path__ = [path]; sys.modules[name] = module\n"
+    "from retool_env.sandbox import isolation\n"
+    "config = isolation.enter(json.loads(sys.stdin.readline()))\n"
+    "sys.stdin = io.StringIO(json.dumps(config) + '\\n')\n"
     "from retool_env.sandbox.server import main\n"
     "main()\n"
 )
@@ -61,11 +66,10 @@ class _Process:
     the log is an unnamed file, and the server's cgroups are removed when it stops.
     """
 
-    def __init__(self, config: dict[str, Any], isolation_mode: str, start_timeout: float) -> None:
+    def __init__(self, config: dict[str, Any], view: dict[str, Any], start_timeout: float) -> None:
         self.address = f"\0retool-sandbox-{os.getpid()}-{secrets.token_hex(8)}"
-        self.wrapper = isolation.choose_wrapper(isolation_mode)
+        self.wrapper = "none"
         self.cgroup, self.cgroup_detail = Delegation.create() if os.geteuid() == 0 else (None, "needs root")
-        prefix = isolation.wrapper_prefix(self.wrapper, self.cgroup.parents if self.cgroup else ())
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(self.address)
         listener.listen(1024)
@@ -75,14 +79,13 @@ class _Process:
             "listen_fd": listener.fileno(),
             "lifeline_fd": lifeline_r,
             "cgroup": {"version": self.cgroup.version, "parents": self.cgroup.parents} if self.cgroup else None,
-            "masks": isolation.child_masks(self.wrapper),
-            "rebinds": isolation.child_rebinds(self.wrapper),
+            "view": {**view, "cgroup_dirs": list(self.cgroup.parents) if self.cgroup else []},
         }
         bootstrap = _BOOTSTRAP.format(root=_PACKAGE_ROOT, sandbox=_SANDBOX_DIR)
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 - the server writes to it for its whole life
         self.proc = subprocess.Popen(
             # Not -I: it would ignore PYTHONMALLOC. The environment is ours alone, so -s is all that is needed.
-            [*prefix, sys.executable, "-s", "-c", bootstrap],
+            [sys.executable, "-s", "-c", bootstrap],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.log,
@@ -103,11 +106,12 @@ class _Process:
         self.measured["cgroup_detail"] = self.cgroup_detail
 
     def _wait_ready(self, timeout: float) -> dict[str, Any]:
-        """Wait for `ready <layers>`: what the server measured in a confined child."""
+        """Wait for `view <report>` (the namespaces and view the server built), then `ready <layers>` (what it
+        measured in a confined child)."""
         assert self.proc.stdout is not None
         deadline = time.monotonic() + timeout
         line = b""
-        while not line.endswith(b"\n") and time.monotonic() < deadline:
+        while line.count(b"\n") < 2 and time.monotonic() < deadline:
             ready, _, _ = select.select([self.proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
             if not ready:
                 break
@@ -116,18 +120,24 @@ class _Process:
                 break
             line += chunk
         self.proc.stdout.close()
-        if not line.startswith(b"ready "):
+        view_line, _, ready_line = line.partition(b"\n")
+        if not (view_line.startswith(b"view ") and ready_line.startswith(b"ready ")):
             self.log.seek(0)
             log = self.log.read()[-2000:].decode("utf-8", "replace")
             self.stop()
             raise RuntimeError(f"the sandbox server did not start (got {line[:200]!r}); its log:\n{log}")
-        return json.loads(line[len(b"ready "):])
+        view = json.loads(view_line[len(b"view "):])
+        self.wrapper = view["wrapper"]
+        measured = json.loads(ready_line[len(b"ready "):])
+        measured["missing"] = {**view["missing"], **measured.get("missing", {})}
+        measured["view_paths"] = view.get("paths", [])
+        return measured
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
     def healthy(self, grace: float = 1.0) -> bool:
-        """After a failed call: is the server still up? Its wrapper (unshare, bwrap) outlives it by a moment."""
+        """After a failed call: is the server still up? The process outside its namespaces outlives it by a moment."""
         try:
             self.proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
@@ -167,13 +177,18 @@ class LocalSandbox(Sandbox):
         max_sessions: live per-episode sessions; the least recently used is closed beyond this.
         session_memory_mb: memory idle sessions may hold in all (0: half of what is available when the server
             starts); beyond it the least recently used idle sessions are closed.
-        isolation: the server's namespace wrapper: `auto` (the strongest available), `bwrap`, `unshare` or `none`.
+        isolation: `auto` (default: the server's own namespaces and allowlist view, built with mount(2), where the
+            machine allows), `namespaces` (those or an error) or `none` (the host as it is; needs `require="none"`).
+        extra_paths: host paths the view adds, read-only, for code that needs more than Python and this package
+            (a data file, a tool's install). Model code can read all of them: never a dataset, a checkout or a home.
         seccomp: load the allowlist seccomp filter in every child where the machine supports it.
         userns: give every child its own user and mount namespace (private /tmp and /dev/shm, locked mounts).
-        drop_uid: when root, give every live call or session its own unprivileged uid.
+        drop_uid: as root, give every live call or session its own unprivileged uid. Always on as root: no child
+            ever runs as uid 0 (False is refused).
         tmp_mb, shm_mb: size of each call's private /tmp and /dev/shm (counted in its cgroup's memory too).
-        require: `warn` (default: start with what this machine allows, and warn once naming what is missing) or
-            `strict` (refuse to start unless every layer is on; a uid per call and cgroups only as root).
+        require: `safe` (default: refuse to start unless model code gets the read-only allowlist view and, as root,
+            its own non-zero uid; the error names the fix), `strict` (every layer; a uid per call and cgroups only
+            as root) or `none` (start with what this machine allows, warning once about what is missing).
     """
 
     def __init__(
@@ -189,22 +204,30 @@ class LocalSandbox(Sandbox):
         max_sessions: int = 64,
         session_memory_mb: int = 0,
         isolation: str = "auto",
+        extra_paths: list[str] | tuple[str, ...] = (),
         seccomp: bool = True,
         userns: bool = True,
         drop_uid: bool = True,
         tmp_mb: int = 256,
         shm_mb: int = 64,
-        require: str = "warn",
+        require: str = "safe",
         preload: list[str] | None = None,
         start_timeout: float = 120.0,
     ) -> None:
-        if require not in ("warn", "strict"):
-            raise ValueError(f"require must be 'warn' or 'strict', got {require!r}")
+        if require not in REQUIRE:
+            raise ValueError(f"require must be one of {', '.join(map(repr, REQUIRE))}, got {require!r}")
+        missing = [str(p) for p in extra_paths if not os.path.exists(p)]
+        if missing:
+            raise FileNotFoundError(f"extra_paths: {missing} do not exist")
+        if not drop_uid and os.geteuid() == 0:
+            raise ValueError("drop_uid=False as root would run model code as uid 0: no child ever does")
         self.timeout = timeout
         self.echo = echo
-        self.isolation = isolation
+        self.isolation = _isolation.mode(isolation)
         self.require = require
         self.start_timeout = start_timeout
+        self._view = {"mode": self.isolation, "extra_paths": [str(p) for p in extra_paths], "tmp_mb": tmp_mb,
+                      "shm_mb": shm_mb}
         # Twice the cores: a child waiting on I/O or being reaped should not leave a core idle.
         concurrency = max_concurrency or 2 * (os.cpu_count() or 1)
         self._config = {
@@ -217,7 +240,7 @@ class LocalSandbox(Sandbox):
             "session_memory_mb": session_memory_mb,
             "use_seccomp": seccomp and _seccomp_supported(),
             "use_userns": userns,
-            "uid_per_call": drop_uid and os.geteuid() == 0,
+            "uid_per_call": os.geteuid() == 0,
             "tmp_mb": tmp_mb,
             "shm_mb": shm_mb,
             "preload": list(PRELOAD if preload is None else preload),
@@ -236,31 +259,43 @@ class LocalSandbox(Sandbox):
             if self._process is None or not self._process.alive():
                 if self._process is not None:
                     self._process.stop()
-                process = _Process(self._config, self.isolation, self.start_timeout)
+                process = _Process(self._config, self._view, self.start_timeout)
                 self._check_layers(process)
                 self._process = process
 
     def _check_layers(self, process: _Process) -> None:
+        """Fail closed: stop the server and raise, naming the fix, unless `require` is met; as root, whatever
+        `require` says, unless each child runs as its own non-zero uid."""
         root = os.geteuid() == 0
-        rows = isolation.layers(process.wrapper, process.measured, root=root)
-        missing = [row for row in isolation.required(rows, root=root) if not row.active]
-        if not missing:
-            return
-        text = "; ".join(f"{row.name} ({row.detail})" for row in missing)
-        if self.require == "strict":
+        rows = _isolation.layers(process.wrapper, process.measured, root=root)
+        by_name = {row.name: row for row in rows}
+        missing = [row for row in _isolation.required(rows, root=root, level=self.require) if not row.active]
+        if root and not by_name["uid per call"].active and by_name["uid per call"] not in missing:
+            missing.append(by_name["uid per call"])  # never a child as uid 0, even with require="none"
+        if missing:
             process.stop()
-            raise RuntimeError(f"LocalSandbox(require='strict'): isolation layers missing on this machine: {text}")
+            text = "; ".join(f"{row.name} ({row.detail})" for row in missing)
+            fix = _isolation.fix_for(missing, root=root)
+            degrade = "" if by_name["uid per call"] in missing and root else (
+                " To run with less isolation anyway, pass require='none' (model code may then read the host's files)."
+            )
+            raise RuntimeError(f"LocalSandbox(require={self.require!r}) refuses to start: missing {text}. Fix: "
+                               f"{fix}.{degrade}")
+        weak = [row for row in _isolation.required(rows, root=root) if not row.active]
+        if not weak:
+            return
+        text = "; ".join(f"{row.name} ({row.detail})" for row in weak)
         key = (process.wrapper, text)
         if key not in _WARNED:
             _WARNED.add(key)
             warnings.warn(f"LocalSandbox runs without: {text}. `retool-env doctor` explains; "
                           "require='strict' refuses to start instead.", RuntimeWarning, stacklevel=4)
 
-    def layers(self) -> list[isolation.Layer]:
+    def layers(self) -> list[_isolation.Layer]:
         """Every isolation layer and whether it is on, as measured in a confined child of the running server."""
         self.start()
         assert self._process is not None
-        return isolation.layers(self._process.wrapper, self._process.measured, root=os.geteuid() == 0)
+        return _isolation.layers(self._process.wrapper, self._process.measured, root=os.geteuid() == 0)
 
     async def _ready_process(self) -> _Process:
         process = self._process
@@ -372,3 +407,4 @@ def _seccomp_supported() -> bool:
 
 
 _WARNED: set[tuple[str, str]] = set()
+REQUIRE = ("safe", "strict", "none")

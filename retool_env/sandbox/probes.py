@@ -64,6 +64,31 @@ def code(name: str, *, home: str | None = None) -> str:
     return _PRELUDE + ATTACKS[name].format(home=home, in_home=visible_entries(home), in_tmp=visible_entries("/tmp"))
 
 
+def dataset_code(directory: str) -> str:
+    """Model code that looks for a dataset file planted in `directory` (a host path, world-readable): by its path,
+    then by walking the whole view. Prints what it read (the test looks for the planted secret) and a summary."""
+    return f"""\
+import os
+target, found, seen = {directory!r}, [], 0
+try:
+    print(open(os.path.join(target, 'train.jsonl')).read())
+except OSError as exc:
+    print('by path:', type(exc).__name__)
+for top, dirs, files in os.walk('/'):
+    if top == '/':
+        dirs[:] = [d for d in dirs if d not in ('proc', 'sys', 'dev')]
+    seen += len(files)
+    for name in files:
+        if name.endswith('.jsonl') or 'retool-doctor-dataset' in top:
+            found.append(os.path.join(top, name))
+            try:
+                print(open(found[-1]).read(4096))
+            except OSError:
+                pass
+print(f'walked {{seen}} files in the view; dataset files found: {{found[:3]}}')
+"""
+
+
 def escaped(output: str) -> bool:
     """Whether a probe's output reports a working attack (a traceback quoting the probe's source does not)."""
     return any(line.startswith("ESCAPED") for line in output.splitlines())
