@@ -39,7 +39,7 @@ from retool_adapters.trl import episode_metrics, index_problems
 from retool_env.config import EnvConfig
 from retool_env.data import Problem
 from retool_env.env import ToolEnvironment
-from retool_env.rollout import Generation, Generator, SamplingParams, run_episodes
+from retool_env.rollout import Generation, Generator, SamplingParams, derive_seed, run_episodes
 from retool_env.trajectory import Trajectory
 
 
@@ -179,10 +179,18 @@ class ReToolRolloutWorker:
             rng.shuffle(order)
             yield from order
 
+    def group_sampling(self, group_id: int) -> SamplingParams:
+        """The group's sampling settings: with a seed, one derived from it and the group (episode j of the group then
+        samples under that + j, each turn under its own, see `run_episodes`), so no two groups replay each other's
+        draws."""
+        if self.sampling.seed is None:
+            return self.sampling
+        return dataclasses.replace(self.sampling, seed=derive_seed(self.sampling.seed, "group", group_id))
+
     async def _play_group(self, problem: Problem, group_id: int) -> None:
         trajectories = await run_episodes(
             [problem], self._make_env, self.generator, n_per_problem=self.num_generations,
-            concurrency=self.num_generations, sampling=self.sampling, episode_timeout=self.episode_timeout,
+            concurrency=self.num_generations, sampling=self.group_sampling(group_id), episode_timeout=self.episode_timeout,
             require_logprobs=True, partial_rollout=self.partial_rollout, progress=False,
         )
         samples = self.to_samples(trajectories, group_id)
