@@ -125,11 +125,14 @@ class ReToolRolloutWorker:
         self._thread = threading.Thread(target=self._run, name="retool-rollout-worker", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
-        """Stop after the groups in flight are cancelled."""
+    def stop(self, timeout: float = 60.0) -> None:
+        """Cancel the groups in flight and wait for the thread to end: within a second or so, plus the generator
+        call and tool calls in progress (a full bounded buffer holds nothing up); an error if it outlives `timeout`."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=60)
+            self._thread.join(timeout=timeout)
+            if self._thread.is_alive():
+                raise RuntimeError(f"the ReTool rollout worker did not stop within {timeout:.0f} s")
             self._thread = None
 
     def update_model_version(self, model_version: int) -> None:
@@ -198,12 +201,24 @@ class ReToolRolloutWorker:
                  or self.model_version - s.model_version <= self.max_staleness]
         self._push_metrics(trajectories, dropped_stale=len(samples) - len(fresh))  # first: a reader of a sample has them
         for sample in fresh:
-            sample.enqueued_at = time.time()
-            await asyncio.to_thread(self.rollout_buffer.put, sample)  # blocks while a bounded queue is full
+            if not await self._enqueue(sample):
+                return
         if samples:
             self._heartbeat = time.time()
         else:  # every episode failed: check_health says why once no group has succeeded for too long
             self._last_failure = trajectories[0].finish_reason if trajectories else "no episode ran"
+
+    async def _enqueue(self, sample: Any) -> bool:
+        """Put a sample in the buffer, waiting on the event loop (never in a thread, which `stop()` could not end)
+        while a bounded buffer is full; False if the worker was stopped first."""
+        while not self._stop.is_set():
+            sample.enqueued_at = time.time()
+            try:
+                self.rollout_buffer.put_nowait(sample)
+                return True
+            except queue.Full:
+                await asyncio.sleep(0.05)
+        return False
 
     def _make_env(self) -> ToolEnvironment:
         return ToolEnvironment(self.tokenizer, self.problems, **self.env_config)
