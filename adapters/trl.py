@@ -116,6 +116,9 @@ class ReToolRollout:
 
     An episode that fails (generator error, missing logprobs, `episode_timeout`) is never trained on: it comes back
     as one end token with `env_mask` 0 and `env_reward` None, which GRPO scores NaN and gives zero advantage.
+    `episode_timeout` (seconds per episode) is off by default, as episode lengths vary; in server mode each turn
+    waits at most `generation_timeout` seconds for the vLLM server (TRL's client sets no read timeout), so a stuck
+    server aborts its episodes instead of hanging the step.
     """
 
     def __init__(
@@ -125,6 +128,7 @@ class ReToolRollout:
         tokenizer: Any = None,
         concurrency: int = 256,
         episode_timeout: float | None = None,
+        generation_timeout: float | None = 600.0,
         generator: Generator | None = None,
         seeded: bool = True,
         **env_kwargs: Any,
@@ -142,6 +146,7 @@ class ReToolRollout:
         self.tokenizer = tokenizer
         self.concurrency = concurrency
         self.episode_timeout = episode_timeout
+        self.generation_timeout = generation_timeout
         self.generator = generator
         self.seeded = seeded
         self._seed_step, self._calls_this_step = -1, 0
@@ -249,7 +254,11 @@ class ReToolRollout:
         if self.generator is not None:
             yield self.generator
         elif args.use_vllm and args.vllm_mode == "server":
-            yield self._server_generator(trainer)
+            generator = self._server_generator(trainer, concurrency)
+            try:
+                yield generator
+            finally:
+                generator.close()
         elif args.use_vllm:
             with _colocated_engine(trainer) as llm:
                 from retool_adapters.generators import VLLMEngineGenerator
@@ -259,7 +268,7 @@ class ReToolRollout:
             with _policy_generator(trainer, max_batch_size=concurrency) as generator:
                 yield generator
 
-    def _server_generator(self, trainer: Any) -> Generator:
+    def _server_generator(self, trainer: Any, concurrency: int) -> Any:
         from retool_adapters.generators import TRLVLLMClientGenerator
 
         # Every rank generates its own episodes (so their tool calls run on every node), but only after the main
@@ -274,7 +283,8 @@ class ReToolRollout:
                 base_url = args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"
                 self._server_client = VLLMClient(base_url=base_url, connection_timeout=args.vllm_server_timeout)
             client = self._server_client
-        return TRLVLLMClientGenerator(client, eos_token_ids=trainer.eos_token_ids)
+        return TRLVLLMClientGenerator(client, eos_token_ids=trainer.eos_token_ids, concurrency=concurrency,
+                                      timeout_s=self.generation_timeout)
 
 
 @contextlib.contextmanager
