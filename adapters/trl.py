@@ -41,7 +41,7 @@ from retool_env.grading import Grade, grade
 from retool_env.rewards import EpisodeStats, get_reward_fn
 from retool_env.rollout import Generator, SamplingParams, derive_seed, run_episodes
 from retool_env.sandbox import Sandbox
-from retool_env.trajectory import ToolCallRecord, ToolStats, ToolStatus, Trajectory
+from retool_env.trajectory import NOT_RUN, ToolCallRecord, ToolStats, ToolStatus, Trajectory
 
 T = TypeVar("T")
 
@@ -454,6 +454,7 @@ class CodeInterpreterEnvironment:
         self.tool_calls: list[ToolCallRecord] = []
         self.grade: Grade | None = None  # the final answer's, from grade_final_answers
         self.num_turns = 0
+        self.num_tool_rounds: int | None = None
         self._session: str | None = None
 
     @property
@@ -468,6 +469,7 @@ class CodeInterpreterEnvironment:
                            "the dataset with problems_to_dataset(problems, prompt=...)")
         self._end_session()
         self.answer, self.tool_calls, self.grade, self.num_turns = str(row["answer"]), [], None, 0
+        self.num_tool_rounds = None
         self._session = f"trl-episode-{next(_trl_episodes)}" if self.config.stateful else None
 
     def code_interpreter(self, code: str):  # no return annotation: TRL would add it to the tool's schema
@@ -503,7 +505,7 @@ class CodeInterpreterEnvironment:
 
     def _episode_stats(self) -> EpisodeStats:
         tools = self._tool_stats()
-        return EpisodeStats(num_tool_calls=tools.executed, num_turns=self.num_turns,
+        return EpisodeStats(num_tool_calls=tools.executed, num_turns=self.num_turns, num_tool_rounds=self.num_tool_rounds,
                             num_tool_errors=tools.failed + tools.invalid, num_tool_timeouts=tools.timeouts,
                             truncated=tools.skipped > 0, finish_reason="max_tool_calls" if tools.skipped else "answer")
 
@@ -515,9 +517,20 @@ class CodeInterpreterEnvironment:
         replies = [m for m in messages if m.get("role") == "assistant"]
         text = replies[-1].get("content") if replies else None
         self.num_turns = len(replies)
+        self.num_tool_rounds = self._count_tool_rounds([len(m.get("tool_calls") or []) for m in replies])
         self.grade = grade(text if isinstance(text, str) else "", self.answer)
         self._end_session()
         return self.grade
+
+    def _count_tool_rounds(self, calls_per_reply: list[int]) -> int | None:
+        """Turns in which a call ran, matching the calls in the order TRL ran them to the assistant messages that wrote
+        them (a last round TRL did not run is left over); None when they do not match (then the reward takes one
+        call per round)."""
+        calls, rounds = iter(self.tool_calls), 0
+        for n in calls_per_reply:
+            batch = list(itertools.islice(calls, n))
+            rounds += any(call.status not in NOT_RUN for call in batch)
+        return rounds if next(calls, None) is None else None
 
     def _end_session(self) -> None:
         if self._session is not None:
