@@ -177,7 +177,7 @@ class ReToolRollout:
                                f"{trajectories[0].finish_reason}")
         log_episode_metrics(trainer, trajectories)
         log_sandbox_metrics(trainer, self.env_kwargs.get("sandbox", "local"))
-        return self.to_rollout_output(trajectories, problems, make_env)
+        return self.to_rollout_output(trajectories, problems, make_env, trl_end_tokens(trainer))
 
     def _rollout_seed(self, trainer: Any) -> int:
         """This call's base seed, from GRPOConfig's `seed`, the process, the step and how many rollouts this step has
@@ -197,8 +197,10 @@ class ReToolRollout:
                            f"problems; build the datasets with problems_to_dataset() from the same problems") from None
 
     def to_rollout_output(self, trajectories: Sequence[Trajectory], problems: Sequence[Problem],
-                          make_env: Callable[[], Any]) -> dict[str, list]:
-        """TRL's rollout dict: token lists per episode, with a masked one-token stand-in for each failed episode."""
+                          make_env: Callable[[], Any], end_tokens: TRLEndTokens | None = None) -> dict[str, list]:
+        """TRL's rollout dict: token lists per episode, with a masked one-token stand-in for each failed episode.
+
+        With `end_tokens`, each episode's last token tells TRL what the environment decided (see `TRLEndTokens`)."""
         out: dict[str, list] = {key: [] for key in ("prompt_ids", "completion_ids", "logprobs", "env_mask",
                                                     *EXTRA_FIELDS)}
         for traj, problem in zip(trajectories, problems, strict=True):
@@ -210,9 +212,10 @@ class ReToolRollout:
                 out["env_mask"].append([0])  # no loss on a token nobody sampled
             else:
                 out["prompt_ids"].append(list(traj.prompt_ids))
-                out["completion_ids"].append(list(traj.completion_ids))
-                out["logprobs"].append(list(traj.logprobs))
-                out["env_mask"].append(list(traj.env_mask))
+                extra = end_tokens.closing(traj) if end_tokens is not None else []
+                out["completion_ids"].append(list(traj.completion_ids) + extra)
+                out["logprobs"].append(list(traj.logprobs) + [0.0] * len(extra))
+                out["env_mask"].append(list(traj.env_mask) + [0] * len(extra))
             out["env_reward"].append(None if failed or traj.reward is None else float(traj.reward))
             out["correct"].append(None if failed else traj.correct)
             out["strict_correct"].append(None if failed else traj.strict_correct)
@@ -285,6 +288,41 @@ class ReToolRollout:
             client = self._server_client
         return TRLVLLMClientGenerator(client, eos_token_ids=trainer.eos_token_ids, concurrency=concurrency,
                                       timeout_s=self.generation_timeout)
+
+
+@dataclasses.dataclass(frozen=True)
+class TRLEndTokens:
+    """How GRPOTrainer tells a truncated completion: its last token is neither an eos token nor the pad token
+    (TRL 1.16 `_generate` for `completions/clipped_ratio`, `_generate_and_score_completions` for
+    `mask_truncated_completions`). The environment decides otherwise: a hermes episode it cuts off at `max_tool_calls`
+    still ends with the model's `<|im_end|>`, which TRL reads as finished; and a model whose eos is `<|endoftext|>`
+    ends every finished hermes episode with `<|im_end|>`, which TRL reads as truncated. `closing` gives the one
+    token (mask 0, logprob 0: no loss, and last, so no other token attends to it) that makes TRL's reading the
+    environment's `Trajectory.truncated`, or nothing where they already agree."""
+
+    end_ids: frozenset[int | None]  # TRL's eos_and_pad
+    eos_id: int  # closes a finished episode TRL would read as truncated
+    marker_id: int  # closes a truncated episode TRL would read as finished: "\n", what the chat template writes next
+
+    def closing(self, traj: Trajectory) -> list[int]:
+        ends_like_trl_finished = bool(traj.completion_ids) and traj.completion_ids[-1] in self.end_ids
+        if traj.truncated and ends_like_trl_finished:
+            return [self.marker_id]
+        if not traj.truncated and not ends_like_trl_finished:
+            return [self.eos_id]
+        return []
+
+
+def trl_end_tokens(trainer: Any) -> TRLEndTokens:
+    """The trainer's eos and pad tokens, as GRPOTrainer compares a completion's last token with them."""
+    tokenizer = getattr(trainer, "_tokenizer", None) or getattr(trainer.processing_class, "tokenizer",
+                                                                 trainer.processing_class)
+    end_ids = frozenset([*trainer.eos_token_ids, tokenizer.pad_token_id])
+    marker = tokenizer.encode("\n", add_special_tokens=False)[-1:]
+    if not marker or marker[0] in end_ids:
+        raise ValueError("the tokenizer has no newline token outside its eos and pad tokens, so truncated episodes "
+                         "cannot be told apart for TRL")
+    return TRLEndTokens(end_ids=end_ids, eos_id=trainer.eos_token_ids[0], marker_id=marker[0])
 
 
 @contextlib.contextmanager

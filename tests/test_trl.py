@@ -26,6 +26,7 @@ from accelerate import Accelerator
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from retool_adapters.trl import (
+    REWARD_FUNCS,
     REWARD_WEIGHTS,
     ReToolRollout,
     _colocated_engine,
@@ -145,7 +146,7 @@ def test_rollout_returns_trl_fields_with_real_logprobs_and_env_mask(policy, prob
         assert out["prompt_ids"][i] == prompt_ids_of(rollout, problem, tokenizer)  # in order, mapped to its problem
         ids, logprobs, mask = out["completion_ids"][i], out["logprobs"][i], out["env_mask"][i]
         assert len(ids) == len(logprobs) == len(mask)
-        assert mask[0] == 1 and mask[-1] == 1  # the model opens and closes the episode
+        assert mask[0] == 1 and (mask[-1] == 1 or out["truncated"][i])  # the model opens and closes the episode
         assert all(lp == 0.0 for lp, m in zip(logprobs, mask, strict=True) if not m)
         # The logprobs are the policy's own, token for token: teacher-force the episode and compare.
         sequence = torch.tensor([out["prompt_ids"][i] + ids])
@@ -290,7 +291,75 @@ def test_colocated_vllm_is_woken_for_the_rollout_and_put_back_to_sleep():
         pass
 
 
+def test_the_last_token_tells_trl_what_the_environment_decided(policy):
+    """TRL reads a completion as truncated when its last token is neither eos nor pad; the closing token makes that
+    the environment's verdict, in both directions, and carries no loss."""
+    from retool_adapters.trl import TRLEndTokens, trl_end_tokens
+
+    _, tokenizer = policy
+    ends = trl_end_tokens(trainer_like(None, tokenizer))
+    im_end, endoftext = (tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>"))
+    assert ends.end_ids == {tokenizer.eos_token_id, tokenizer.pad_token_id} and tokenizer.decode([ends.marker_id]) == "\n"
+
+    def closing(ends, last, truncated):
+        return ends.closing(Trajectory(prompt_ids=[1], completion_ids=[5, last], truncated=truncated))
+
+    assert closing(ends, im_end, truncated=True) == [ends.marker_id]  # cut off at max_tool_calls after <|im_end|>
+    assert closing(ends, im_end, truncated=False) == []
+    assert closing(ends, 5, truncated=True) == []  # cut off mid-turn: TRL already sees it
+    # A base model's eos is <|endoftext|>: a finished hermes episode ends with <|im_end|>, which TRL would clip.
+    base = TRLEndTokens(end_ids=frozenset({endoftext}), eos_id=endoftext, marker_id=ends.marker_id)
+    assert closing(base, im_end, truncated=False) == [endoftext] and closing(base, im_end, truncated=True) == []
+
+
 # ---------------------------------------------------------------------------------------- the real GRPOTrainer
+def test_grpo_trainer_sees_the_environments_truncation(model_dir, problems, tmp_path, monkeypatch):
+    """Episodes the environment ends at `max_tool_calls` close with the model's <|im_end|>: TRL's own
+    `completions/clipped_ratio` counts them and `mask_truncated_completions` keeps them out of the loss."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    outputs = []
+
+    class Recorded(ReToolRollout):
+        def __call__(self, prompts, trainer):
+            outputs.append(super().__call__(prompts, trainer))
+            return outputs[-1]
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path), use_cpu=True, bf16=False, gradient_checkpointing=False, seed=0, max_steps=1,
+        per_device_train_batch_size=4, num_generations=4, max_completion_length=128, temperature=TEMPERATURE,
+        learning_rate=1e-4, logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True,
+        reward_weights=list(REWARD_WEIGHTS), mask_truncated_completions=True,
+    )
+    trainer = GRPOTrainer(model=str(model_dir), reward_funcs=list(REWARD_FUNCS), args=args,
+                          train_dataset=problems_to_dataset(problems[:1]), processing_class=tokenizer,
+                          rollout_func=Recorded(problems, max_tool_calls=0))  # the taught model's call is one too many
+    loss_inputs = []
+    compute_loss = trainer._compute_loss
+
+    def capturing_compute_loss(model, inputs):
+        loss_inputs.append({key: inputs[key].detach().clone() for key in ("completion_mask", "tool_mask")})
+        return compute_loss(model, inputs)
+
+    trainer._compute_loss = capturing_compute_loss
+    trainer.train()
+
+    (out,) = outputs
+    cut = [i for i, reason in enumerate(out["finish_reason"]) if reason == "max_tool_calls"]
+    assert cut and all(out["truncated"][i] for i in cut)
+    for i in cut:  # the model's own tokens, its <|im_end|> included, then the closing "\n" with no loss
+        ids = out["completion_ids"][i]
+        assert ids[-2] == tokenizer.convert_tokens_to_ids("<|im_end|>") and tokenizer.decode(ids[-1:]) == "\n"
+        assert out["env_mask"][i][-1] == 0 and out["logprobs"][i][-1] == 0.0
+    (logged,) = [entry for entry in trainer.state.log_history if "completions/clipped_ratio" in entry]
+    assert logged["completions/clipped_ratio"] == pytest.approx(len(cut) / len(out["truncated"]))
+    (inputs,) = loss_inputs
+    assert not (inputs["completion_mask"] * inputs["tool_mask"])[cut].any()  # masked out of the loss
+
+
+
 def test_grpo_trainer_masks_env_tokens_feeds_extras_to_rewards_and_logs_metrics(model_dir, problems, tmp_path,
                                                                                  monkeypatch):
     from trl import GRPOConfig, GRPOTrainer
