@@ -248,7 +248,7 @@ class ToolEnvironment(gym.Env):
         outcome = self._finish(await agrade(self._answer_text, self.problem.answer), truncated=pending)
         if self._session is not None:
             session, self._session = self._session, None
-            await self.sandbox.close_session(session)
+            await asyncio.shield(self.sandbox.close_session(session))  # an episode cancelled here leaks no session
         return outcome
 
     def _take_action(self, action: Any) -> _PendingTools | bool:

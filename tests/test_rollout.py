@@ -191,3 +191,39 @@ def test_unseeded_sampling_sends_no_seed(tiny_tok):
     recorder = SeedRecorder(tiny_tok)
     asyncio.run(run_episodes(PROBLEMS[:1], factory(tiny_tok), recorder, progress=False))
     assert recorder.seeds == {"12": [None, None]}
+
+
+class SlowToCloseSandbox(LocalSandbox):
+    """The real sandbox, slow to close a session, so that an episode's timeout falls inside `close_session`."""
+
+    async def close_session(self, session):
+        await asyncio.sleep(0.5)
+        await super().close_session(session)
+
+
+def test_an_episode_cancelled_while_closing_its_session_leaks_no_session(tiny_tok):
+    sandbox = SlowToCloseSandbox()
+
+    async def main():
+        trajs = await run_episodes(PROBLEMS[:2], lambda: ToolEnvironment(tiny_tok, PROBLEMS, sandbox=sandbox,
+                                                                          stateful=True),
+                                   Solver(tiny_tok), episode_timeout=8.0, progress=False)
+        opened = (await sandbox.info())["sessions"]
+        # Now a timeout inside the close: the episode is aborted, its session still closed.
+        env = ToolEnvironment(tiny_tok, PROBLEMS, sandbox=sandbox, stateful=True)
+        with pytest.raises(asyncio.TimeoutError):
+            started = time.monotonic()
+            task = asyncio.ensure_future(run_episode(env, Solver(tiny_tok), problem=PROBLEMS[0]))
+            while (await sandbox.info())["sessions"] == opened and time.monotonic() - started < 30:
+                await asyncio.sleep(0.05)  # the episode's session exists once its tool call runs
+            while not env.trajectory.turns or env.trajectory.reward is None:
+                await asyncio.sleep(0.01)  # graded: the close has begun
+            await asyncio.wait_for(task, 0.1)
+        await asyncio.sleep(1.0)
+        return trajs, opened, (await sandbox.info())["sessions"]
+
+    try:
+        trajs, opened, after = asyncio.run(main())
+    finally:
+        sandbox.close()
+    assert all(t.correct for t in trajs) and opened == 0 and after == 0
