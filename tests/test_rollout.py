@@ -207,7 +207,7 @@ def test_an_episode_cancelled_while_closing_its_session_leaks_no_session(tiny_to
     async def main():
         trajs = await run_episodes(PROBLEMS[:2], lambda: ToolEnvironment(tiny_tok, PROBLEMS, sandbox=sandbox,
                                                                           stateful=True),
-                                   Solver(tiny_tok), episode_timeout=8.0, progress=False)
+                                   Solver(tiny_tok), episode_timeout=120.0, progress=False)
         opened = (await sandbox.info())["sessions"]
         # Now a timeout inside the close: the episode is aborted, its session still closed.
         env = ToolEnvironment(tiny_tok, PROBLEMS, sandbox=sandbox, stateful=True)
