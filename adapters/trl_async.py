@@ -75,6 +75,9 @@ class ReToolRolloutWorker:
     syncs, for the real run). Samples whose tokens are more than `max_staleness` versions old when their group ends
     are dropped here (`retool/dropped_stale_samples_total`) as the trainer would drop them on arrival. Failed
     episodes (generator error, `episode_timeout`, a crossed update without `partial_rollout`) are never queued.
+    A seeded `sampling` gives each group a seed of its own (`group_sampling`). A PEFT policy needs a server started
+    without `--enable-lora` (TRL then pushes merged weights): the adapters TRL loads under `--enable-lora` are named
+    per version, and the generator's requests name the base model.
     """
 
     def __init__(
