@@ -119,6 +119,10 @@ class ReToolRollout:
     `episode_timeout` (seconds per episode) is off by default, as episode lengths vary; in server mode each turn
     waits at most `generation_timeout` seconds for the vLLM server (TRL's client sets no read timeout), so a stuck
     server aborts its episodes instead of hanging the step.
+
+    `mask_void_turns` (SimpleTIR, arXiv 2509.02479; off by default) takes every episode with a void turn
+    (`has_void_turn`: a turn with neither a complete tool call nor a final answer) out of the loss, `env_mask` all 0,
+    while its reward still counts in its group's statistics; `retool/void_turn_ratio` logs their share either way.
     """
 
     def __init__(
@@ -131,6 +135,7 @@ class ReToolRollout:
         generation_timeout: float | None = 600.0,
         generator: Generator | None = None,
         seeded: bool = True,
+        mask_void_turns: bool = False,
         **env_kwargs: Any,
     ) -> None:
         if not problems:
@@ -149,6 +154,7 @@ class ReToolRollout:
         self.generation_timeout = generation_timeout
         self.generator = generator
         self.seeded = seeded
+        self.mask_void_turns = mask_void_turns
         self._seed_step, self._calls_this_step = -1, 0
         self.env_kwargs = env_kwargs
         self._server_client: Any = None  # a VLLMClient for ranks other than the main one (server mode)
@@ -215,7 +221,9 @@ class ReToolRollout:
                 extra = end_tokens.closing(traj) if end_tokens is not None else []
                 out["completion_ids"].append(list(traj.completion_ids) + extra)
                 out["logprobs"].append(list(traj.logprobs) + [0.0] * len(extra))
-                out["env_mask"].append(list(traj.env_mask) + [0] * len(extra))
+                void = self.mask_void_turns and has_void_turn(traj)
+                out["env_mask"].append([0] * (len(traj.env_mask) + len(extra)) if void else
+                                       list(traj.env_mask) + [0] * len(extra))
             out["env_reward"].append(None if failed or traj.reward is None else float(traj.reward))
             out["correct"].append(None if failed else traj.correct)
             out["strict_correct"].append(None if failed else traj.strict_correct)
@@ -383,6 +391,16 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
 
 
 # ------------------------------------------------------------------------------------------------------- metrics
+def has_void_turn(traj: Trajectory) -> bool:
+    """Whether an episode has a void turn, as SimpleTIR defines it: neither a complete code block nor a final answer.
+    A turn without a tool call ends the episode, so only the last turn can be one: cut off mid-turn by a token budget,
+    or ended without an answer the grader could extract. (A malformed tool call is answered with an error and counts
+    as a tool turn here.)"""
+    if traj.finish_reason in ("length", "max_completion_tokens"):
+        return True
+    return traj.finish_reason == "answer" and traj.pred is None
+
+
 def episode_metrics(trajectories: Sequence[Trajectory]) -> dict[str, list[float]]:
     """Per-episode (and per-tool-call, for rates) values of the `retool/*` metrics; failed episodes count only in
     `retool/aborted`. Episode counts come from `Trajectory.tool_stats`; the rates are over the calls that were run or
@@ -396,6 +414,7 @@ def episode_metrics(trajectories: Sequence[Trajectory]) -> dict[str, list[float]
         "retool/tool_calls_per_episode": [float(s.executed) for s in stats],
         "retool/turns": [float(t.num_turns) for t in done],
         "retool/truncation_rate": [float(t.truncated) for t in done],
+        "retool/void_turn_ratio": [float(has_void_turn(t)) for t in done],
         "retool/accuracy": [float(bool(t.correct)) for t in done],
         "retool/strict_accuracy": [float(bool(t.strict_correct)) for t in done],
         "retool/response_length": [float(len(t.completion_ids)) for t in done],

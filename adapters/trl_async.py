@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from retool_adapters.trl import episode_metrics, index_problems
+from retool_adapters.trl import episode_metrics, has_void_turn, index_problems
 from retool_env.config import EnvConfig
 from retool_env.data import Problem
 from retool_env.env import ToolEnvironment
@@ -77,7 +77,8 @@ class ReToolRolloutWorker:
     episodes (generator error, `episode_timeout`, a crossed update without `partial_rollout`) are never queued.
     A seeded `sampling` gives each group a seed of its own (`group_sampling`). A PEFT policy needs a server started
     without `--enable-lora` (TRL then pushes merged weights): the adapters TRL loads under `--enable-lora` are named
-    per version, and the generator's requests name the base model.
+    per version, and the generator's requests name the base model. `mask_void_turns` is `ReToolRollout`'s (SimpleTIR):
+    a sample with a void turn is queued with `completion_mask` all 0, its reward still in its group's advantages.
     """
 
     def __init__(
@@ -94,6 +95,7 @@ class ReToolRolloutWorker:
         episode_timeout: float | None = None,
         queue_maxsize: int = 0,
         seed: int = 0,
+        mask_void_turns: bool = False,
         **env_kwargs: Any,
     ) -> None:
         if not problems:
@@ -110,6 +112,7 @@ class ReToolRolloutWorker:
         self.episode_timeout = episode_timeout
         self.env_config = EnvConfig(**env_kwargs)
         self.seed = seed
+        self.mask_void_turns = mask_void_turns
         self.rollout_buffer: queue.Queue = queue.Queue(maxsize=queue_maxsize)
         self.metrics_queue: queue.Queue = queue.Queue()
         self.model_version = 0
@@ -242,10 +245,12 @@ class ReToolRolloutWorker:
                 continue
             versions = [v for v in traj.policy_versions if v is not None]
             prompt = len(traj.prompt_ids)
+            void = self.mask_void_turns and has_void_turn(traj)
             samples.append(RolloutSample(
                 prompt=[], completion=[],
                 input_ids=np.asarray(traj.prompt_ids + traj.completion_ids, dtype=np.int64),
-                completion_mask=np.asarray([0] * prompt + traj.env_mask, dtype=np.int64),
+                completion_mask=np.asarray([0] * (prompt + len(traj.env_mask)) if void else
+                                           [0] * prompt + traj.env_mask, dtype=np.int64),
                 old_log_probs=np.asarray([0.0] * prompt + traj.logprobs, dtype=np.float32),
                 advantage=float(advantage),
                 model_version=min(versions, default=self.model_version),  # its stalest tokens

@@ -312,7 +312,65 @@ def test_the_last_token_tells_trl_what_the_environment_decided(policy):
     assert closing(base, im_end, truncated=False) == [endoftext] and closing(base, im_end, truncated=True) == []
 
 
+def test_void_turns_are_the_turns_with_neither_a_call_nor_an_answer():
+    from retool_adapters.trl import has_void_turn
+
+    def traj(finish_reason, pred=None):
+        return Trajectory(prompt_ids=[1], completion_ids=[5], finish_reason=finish_reason, pred=pred)
+
+    assert has_void_turn(traj("length")) and has_void_turn(traj("max_completion_tokens"))
+    assert has_void_turn(traj("answer", pred=None)) and not has_void_turn(traj("answer", pred="4"))
+    assert not has_void_turn(traj("max_tool_calls"))  # it wrote a complete call, one too many
+
+
 # ---------------------------------------------------------------------------------------- the real GRPOTrainer
+def test_grpo_trainer_masks_episodes_with_a_void_turn(model_dir, problems, tmp_path, monkeypatch):
+    """SimpleTIR's void-turn filter: episodes cut off mid-turn reach the loss with no trained token, still scored."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    outputs, loss_inputs = [], []
+
+    class Recorded(ReToolRollout):
+        def __call__(self, prompts, trainer):
+            outputs.append(super().__call__(prompts, trainer))
+            return outputs[-1]
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path), use_cpu=True, bf16=False, gradient_checkpointing=False, seed=0, max_steps=1,
+        per_device_train_batch_size=4, num_generations=4, max_completion_length=128, temperature=TEMPERATURE,
+        learning_rate=1e-4, logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True,
+        reward_weights=list(REWARD_WEIGHTS),
+    )
+    # A turn budget shorter than the taught model's tool call: every episode is cut off in its first turn.
+    rollout = Recorded(problems, max_turn_tokens=6, mask_void_turns=True)
+    trainer = GRPOTrainer(model=str(model_dir), reward_funcs=list(REWARD_FUNCS), args=args,
+                          train_dataset=problems_to_dataset(problems[:1]), processing_class=tokenizer,
+                          rollout_func=rollout)
+    compute_loss = trainer._compute_loss
+
+    def capturing_compute_loss(model, inputs):
+        loss_inputs.append({key: inputs[key].detach().clone() for key in ("completion_mask", "tool_mask")})
+        return compute_loss(model, inputs)
+
+    trainer._compute_loss = capturing_compute_loss
+    trainer.train()
+
+    (out,), (inputs,) = outputs, loss_inputs
+    assert out["finish_reason"] == ["length"] * 4 and all(r is not None for r in out["env_reward"])
+    assert all(not any(mask) for mask in out["env_mask"])
+    assert not (inputs["completion_mask"] * inputs["tool_mask"]).any()
+    (logged,) = [entry for entry in trainer.state.log_history if "retool/void_turn_ratio" in entry]
+    assert logged["retool/void_turn_ratio"] == 1.0
+    # Off (the default), the same episodes train on their model tokens.
+    kept = ReToolRollout(problems, max_turn_tokens=6).to_rollout_output(
+        [Trajectory(prompt_ids=[1], completion_ids=[5, 6], env_mask=[1, 1], logprobs=[-0.1, -0.2],
+                    finish_reason="length", truncated=True)], problems[:1], lambda: None)
+    assert kept["env_mask"] == [[1, 1]]
+
+
+
 def test_grpo_trainer_sees_the_environments_truncation(model_dir, problems, tmp_path, monkeypatch):
     """Episodes the environment ends at `max_tool_calls` close with the model's <|im_end|>: TRL's own
     `completions/clipped_ratio` counts them and `mask_truncated_completions` keeps them out of the loss."""

@@ -250,6 +250,22 @@ def test_seeded_groups_sample_under_seeds_of_their_own():
     assert unseeded.group_sampling(3).seed is None
 
 
+def test_void_turn_samples_are_queued_without_trained_tokens():
+    from retool_env.data import Problem
+    from retool_env.trajectory import Trajectory
+
+    def traj(finish_reason, reward, pred):
+        return Trajectory(prompt_ids=[1, 2], completion_ids=[5, 6], env_mask=[1, 1], logprobs=[-0.1, -0.2],
+                          finish_reason=finish_reason, reward=reward, pred=pred)
+
+    group = [traj("answer", 1.0, "4"), traj("length", -1.0, None)]
+    on = ReToolRolloutWorker([Problem("q", "4")], None, None, mask_void_turns=True).to_samples(group, group_id=0)
+    off = ReToolRolloutWorker([Problem("q", "4")], None, None).to_samples(group, group_id=0)
+    assert on[0].completion_mask.tolist() == off[0].completion_mask.tolist() == [0, 0, 1, 1]
+    assert on[1].completion_mask.tolist() == [0, 0, 0, 0] and off[1].completion_mask.tolist() == [0, 0, 1, 1]
+    assert [s.advantage for s in on] == [s.advantage for s in off] and on[0].advantage > 0  # still in its group
+
+
 # ------------------------------------------------------------------------------------------- training/grpo_trl.py
 def test_the_async_recipe_parses_and_the_script_takes_async():
     import subprocess
