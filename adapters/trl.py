@@ -123,6 +123,12 @@ class ReToolRollout:
     `mask_void_turns` (SimpleTIR, arXiv 2509.02479; off by default) takes every episode with a void turn
     (`has_void_turn`: a turn with neither a complete tool call nor a final answer) out of the loss, `env_mask` all 0,
     while its reward still counts in its group's statistics; `retool/void_turn_ratio` logs their share either way.
+
+    `accuracy_filter=(low, high)` (SimpleTIR's 0.1-0.9; DAPO's dynamic sampling is its (0, 1) limit; off by default)
+    takes out of the loss every group whose accuracy, over its scored episodes in this call, lies outside [low, high]:
+    a group all right or all wrong teaches nothing about correctness, yet the tool shaping would still give it
+    advantages. The batch keeps its size (TRL's is fixed), so it is a mask, not the papers' oversampling;
+    `retool/filtered_groups` logs the share of groups taken out.
     """
 
     def __init__(
@@ -136,6 +142,7 @@ class ReToolRollout:
         generator: Generator | None = None,
         seeded: bool = True,
         mask_void_turns: bool = False,
+        accuracy_filter: tuple[float, float] | None = None,
         **env_kwargs: Any,
     ) -> None:
         if not problems:
@@ -155,6 +162,9 @@ class ReToolRollout:
         self.generator = generator
         self.seeded = seeded
         self.mask_void_turns = mask_void_turns
+        if accuracy_filter is not None and not 0.0 <= accuracy_filter[0] <= accuracy_filter[1] <= 1.0:
+            raise ValueError(f"accuracy_filter must be (low, high) with 0 <= low <= high <= 1, not {accuracy_filter}")
+        self.accuracy_filter = accuracy_filter
         self._seed_step, self._calls_this_step = -1, 0
         self.env_kwargs = env_kwargs
         self._server_client: Any = None  # a VLLMClient for ranks other than the main one (server mode)
@@ -183,7 +193,21 @@ class ReToolRollout:
                                f"{trajectories[0].finish_reason}")
         log_episode_metrics(trainer, trajectories)
         log_sandbox_metrics(trainer, self.env_kwargs.get("sandbox", "local"))
+        if self.accuracy_filter is not None:
+            filtered, groups = self.groups_outside_accuracy(trajectories, problems), {id(p) for p in problems}
+            trainer._log_metric("retool/filtered_groups", len(filtered) / len(groups))
         return self.to_rollout_output(trajectories, problems, make_env, trl_end_tokens(trainer))
+
+    def groups_outside_accuracy(self, trajectories: Sequence[Trajectory], problems: Sequence[Problem]) -> set[int]:
+        """The problems (by `id()`) whose groups `accuracy_filter` takes out of the loss."""
+        if self.accuracy_filter is None:
+            return set()
+        low, high = self.accuracy_filter
+        verdicts: dict[int, list[bool]] = {}
+        for traj, problem in zip(trajectories, problems, strict=True):
+            if not traj.aborted and traj.completion_ids:
+                verdicts.setdefault(id(problem), []).append(bool(traj.correct))
+        return {key for key, group in verdicts.items() if not low <= sum(group) / len(group) <= high}
 
     def _rollout_seed(self, trainer: Any) -> int:
         """This call's base seed, from GRPOConfig's `seed`, the process, the step and how many rollouts this step has
@@ -209,6 +233,7 @@ class ReToolRollout:
         With `end_tokens`, each episode's last token tells TRL what the environment decided (see `TRLEndTokens`)."""
         out: dict[str, list] = {key: [] for key in ("prompt_ids", "completion_ids", "logprobs", "env_mask",
                                                     *EXTRA_FIELDS)}
+        filtered = self.groups_outside_accuracy(trajectories, problems)
         for traj, problem in zip(trajectories, problems, strict=True):
             failed = traj.aborted or not traj.completion_ids
             if failed:
@@ -221,8 +246,8 @@ class ReToolRollout:
                 extra = end_tokens.closing(traj) if end_tokens is not None else []
                 out["completion_ids"].append(list(traj.completion_ids) + extra)
                 out["logprobs"].append(list(traj.logprobs) + [0.0] * len(extra))
-                void = self.mask_void_turns and has_void_turn(traj)
-                out["env_mask"].append([0] * (len(traj.env_mask) + len(extra)) if void else
+                masked = (self.mask_void_turns and has_void_turn(traj)) or id(problem) in filtered
+                out["env_mask"].append([0] * (len(traj.env_mask) + len(extra)) if masked else
                                        list(traj.env_mask) + [0] * len(extra))
             out["env_reward"].append(None if failed or traj.reward is None else float(traj.reward))
             out["correct"].append(None if failed else traj.correct)

@@ -323,9 +323,32 @@ def test_void_turns_are_the_turns_with_neither_a_call_nor_an_answer():
     assert not has_void_turn(traj("max_tool_calls"))  # it wrote a complete call, one too many
 
 
+def test_the_accuracy_filter_masks_groups_outside_its_range(problems):
+    def traj(problem, correct, aborted=False):
+        return Trajectory(prompt_ids=[1], completion_ids=[] if aborted else [5, 6], env_mask=[] if aborted else [1, 1],
+                          logprobs=[] if aborted else [-0.1, -0.2], correct=correct, reward=1.0 if correct else -1.0,
+                          finish_reason="aborted: x" if aborted else "answer", pred="1", problem_id=problem.id)
+
+    a, b = problems
+    group_a = [traj(a, True), traj(a, True), traj(a, True), traj(a, False, aborted=True)]  # all scored ones right
+    group_b = [traj(b, True), traj(b, False), traj(b, False), traj(b, False)]  # 0.25
+    trajectories, batch = group_a + group_b, [a] * 4 + [b] * 4
+    rollout = ReToolRollout(problems, accuracy_filter=(0.1, 0.9))
+    assert rollout.groups_outside_accuracy(trajectories, batch) == {id(a)}
+    rollout._prompt_env = types.SimpleNamespace(format=types.SimpleNamespace(end_token_ids=[7]))  # no env needed
+    out = rollout.to_rollout_output(trajectories, batch, lambda: None)
+    assert out["env_mask"][:3] == [[0, 0]] * 3 and out["env_mask"][4:] == [[1, 1]] * 4
+    assert out["env_reward"][:3] == [1.0] * 3  # still scored: the group's statistics are unchanged
+    assert ReToolRollout(problems).groups_outside_accuracy(trajectories, batch) == set()
+    with pytest.raises(ValueError, match="accuracy_filter"):
+        ReToolRollout(problems, accuracy_filter=(0.9, 0.1))
+
+
 # ---------------------------------------------------------------------------------------- the real GRPOTrainer
-def test_grpo_trainer_masks_episodes_with_a_void_turn(model_dir, problems, tmp_path, monkeypatch):
-    """SimpleTIR's void-turn filter: episodes cut off mid-turn reach the loss with no trained token, still scored."""
+@pytest.mark.parametrize("option", ["mask_void_turns", "accuracy_filter"])
+def test_grpo_trainer_masks_episodes_with_a_void_turn(model_dir, problems, tmp_path, monkeypatch, option):
+    """SimpleTIR's filters: episodes cut off mid-turn (void, and wrong) reach the loss with no trained token, still
+    scored."""
     from trl import GRPOConfig, GRPOTrainer
 
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -343,8 +366,10 @@ def test_grpo_trainer_masks_episodes_with_a_void_turn(model_dir, problems, tmp_p
         learning_rate=1e-4, logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True,
         reward_weights=list(REWARD_WEIGHTS),
     )
-    # A turn budget shorter than the taught model's tool call: every episode is cut off in its first turn.
-    rollout = Recorded(problems, max_turn_tokens=6, mask_void_turns=True)
+    # A turn budget shorter than the taught model's tool call: every episode is cut off in its first turn, void and
+    # wrong (accuracy 0, outside the filter's 0.1-0.9).
+    options = {"mask_void_turns": True} if option == "mask_void_turns" else {"accuracy_filter": (0.1, 0.9)}
+    rollout = Recorded(problems, max_turn_tokens=6, **options)
     trainer = GRPOTrainer(model=str(model_dir), reward_funcs=list(REWARD_FUNCS), args=args,
                           train_dataset=problems_to_dataset(problems[:1]), processing_class=tokenizer,
                           rollout_func=rollout)
@@ -363,6 +388,7 @@ def test_grpo_trainer_masks_episodes_with_a_void_turn(model_dir, problems, tmp_p
     assert not (inputs["completion_mask"] * inputs["tool_mask"]).any()
     (logged,) = [entry for entry in trainer.state.log_history if "retool/void_turn_ratio" in entry]
     assert logged["retool/void_turn_ratio"] == 1.0
+    assert logged.get("retool/filtered_groups") == (1.0 if option == "accuracy_filter" else None)
     # Off (the default), the same episodes train on their model tokens.
     kept = ReToolRollout(problems, max_turn_tokens=6).to_rollout_output(
         [Trajectory(prompt_ids=[1], completion_ids=[5, 6], env_mask=[1, 1], logprobs=[-0.1, -0.2],
