@@ -41,7 +41,7 @@ from retool_env.grading import Grade, grade
 from retool_env.rewards import EpisodeStats, get_reward_fn
 from retool_env.rollout import Generator, SamplingParams, derive_seed, run_episodes
 from retool_env.sandbox import Sandbox
-from retool_env.trajectory import ToolCallRecord, ToolStats, ToolStatus, Trajectory
+from retool_env.trajectory import NOT_RUN, ToolCallRecord, ToolStats, ToolStatus, Trajectory
 
 T = TypeVar("T")
 
@@ -116,6 +116,19 @@ class ReToolRollout:
 
     An episode that fails (generator error, missing logprobs, `episode_timeout`) is never trained on: it comes back
     as one end token with `env_mask` 0 and `env_reward` None, which GRPO scores NaN and gives zero advantage.
+    `episode_timeout` (seconds per episode) is off by default, as episode lengths vary; in server mode each turn
+    waits at most `generation_timeout` seconds for the vLLM server (TRL's client sets no read timeout), so a stuck
+    server aborts its episodes instead of hanging the step.
+
+    `mask_void_turns` (SimpleTIR, arXiv 2509.02479; off by default) takes every episode with a void turn
+    (`has_void_turn`: a turn with neither a complete tool call nor a final answer) out of the loss, `env_mask` all 0,
+    while its reward still counts in its group's statistics; `retool/void_turn_ratio` logs their share either way.
+
+    `accuracy_filter=(low, high)` (SimpleTIR's 0.1-0.9; DAPO's dynamic sampling is its (0, 1) limit; off by default)
+    takes out of the loss every group whose accuracy, over its scored episodes in this call, lies outside [low, high]:
+    a group all right or all wrong teaches nothing about correctness, yet the tool shaping would still give it
+    advantages. The batch keeps its size (TRL's is fixed), so it is a mask, not the papers' oversampling;
+    `retool/filtered_groups` logs the share of groups taken out.
     """
 
     def __init__(
@@ -125,8 +138,11 @@ class ReToolRollout:
         tokenizer: Any = None,
         concurrency: int = 256,
         episode_timeout: float | None = None,
+        generation_timeout: float | None = 600.0,
         generator: Generator | None = None,
         seeded: bool = True,
+        mask_void_turns: bool = False,
+        accuracy_filter: tuple[float, float] | None = None,
         **env_kwargs: Any,
     ) -> None:
         if not problems:
@@ -142,8 +158,13 @@ class ReToolRollout:
         self.tokenizer = tokenizer
         self.concurrency = concurrency
         self.episode_timeout = episode_timeout
+        self.generation_timeout = generation_timeout
         self.generator = generator
         self.seeded = seeded
+        self.mask_void_turns = mask_void_turns
+        if accuracy_filter is not None and not 0.0 <= accuracy_filter[0] <= accuracy_filter[1] <= 1.0:
+            raise ValueError(f"accuracy_filter must be (low, high) with 0 <= low <= high <= 1, not {accuracy_filter}")
+        self.accuracy_filter = accuracy_filter
         self._seed_step, self._calls_this_step = -1, 0
         self.env_kwargs = env_kwargs
         self._server_client: Any = None  # a VLLMClient for ranks other than the main one (server mode)
@@ -172,7 +193,21 @@ class ReToolRollout:
                                f"{trajectories[0].finish_reason}")
         log_episode_metrics(trainer, trajectories)
         log_sandbox_metrics(trainer, self.env_kwargs.get("sandbox", "local"))
-        return self.to_rollout_output(trajectories, problems, make_env)
+        if self.accuracy_filter is not None:
+            filtered, groups = self.groups_outside_accuracy(trajectories, problems), {id(p) for p in problems}
+            trainer._log_metric("retool/filtered_groups", len(filtered) / len(groups))
+        return self.to_rollout_output(trajectories, problems, make_env, trl_end_tokens(trainer))
+
+    def groups_outside_accuracy(self, trajectories: Sequence[Trajectory], problems: Sequence[Problem]) -> set[int]:
+        """The problems (by `id()`) whose groups `accuracy_filter` takes out of the loss."""
+        if self.accuracy_filter is None:
+            return set()
+        low, high = self.accuracy_filter
+        verdicts: dict[int, list[bool]] = {}
+        for traj, problem in zip(trajectories, problems, strict=True):
+            if not traj.aborted and traj.completion_ids:
+                verdicts.setdefault(id(problem), []).append(bool(traj.correct))
+        return {key for key, group in verdicts.items() if not low <= sum(group) / len(group) <= high}
 
     def _rollout_seed(self, trainer: Any) -> int:
         """This call's base seed, from GRPOConfig's `seed`, the process, the step and how many rollouts this step has
@@ -192,10 +227,13 @@ class ReToolRollout:
                            f"problems; build the datasets with problems_to_dataset() from the same problems") from None
 
     def to_rollout_output(self, trajectories: Sequence[Trajectory], problems: Sequence[Problem],
-                          make_env: Callable[[], Any]) -> dict[str, list]:
-        """TRL's rollout dict: token lists per episode, with a masked one-token stand-in for each failed episode."""
+                          make_env: Callable[[], Any], end_tokens: TRLEndTokens | None = None) -> dict[str, list]:
+        """TRL's rollout dict: token lists per episode, with a masked one-token stand-in for each failed episode.
+
+        With `end_tokens`, each episode's last token tells TRL what the environment decided (see `TRLEndTokens`)."""
         out: dict[str, list] = {key: [] for key in ("prompt_ids", "completion_ids", "logprobs", "env_mask",
                                                     *EXTRA_FIELDS)}
+        filtered = self.groups_outside_accuracy(trajectories, problems)
         for traj, problem in zip(trajectories, problems, strict=True):
             failed = traj.aborted or not traj.completion_ids
             if failed:
@@ -205,9 +243,12 @@ class ReToolRollout:
                 out["env_mask"].append([0])  # no loss on a token nobody sampled
             else:
                 out["prompt_ids"].append(list(traj.prompt_ids))
-                out["completion_ids"].append(list(traj.completion_ids))
-                out["logprobs"].append(list(traj.logprobs))
-                out["env_mask"].append(list(traj.env_mask))
+                extra = end_tokens.closing(traj) if end_tokens is not None else []
+                out["completion_ids"].append(list(traj.completion_ids) + extra)
+                out["logprobs"].append(list(traj.logprobs) + [0.0] * len(extra))
+                masked = (self.mask_void_turns and has_void_turn(traj)) or id(problem) in filtered
+                out["env_mask"].append([0] * (len(traj.env_mask) + len(extra)) if masked else
+                                       list(traj.env_mask) + [0] * len(extra))
             out["env_reward"].append(None if failed or traj.reward is None else float(traj.reward))
             out["correct"].append(None if failed else traj.correct)
             out["strict_correct"].append(None if failed else traj.strict_correct)
@@ -249,7 +290,11 @@ class ReToolRollout:
         if self.generator is not None:
             yield self.generator
         elif args.use_vllm and args.vllm_mode == "server":
-            yield self._server_generator(trainer)
+            generator = self._server_generator(trainer, concurrency)
+            try:
+                yield generator
+            finally:
+                generator.close()
         elif args.use_vllm:
             with _colocated_engine(trainer) as llm:
                 from retool_adapters.generators import VLLMEngineGenerator
@@ -259,7 +304,7 @@ class ReToolRollout:
             with _policy_generator(trainer, max_batch_size=concurrency) as generator:
                 yield generator
 
-    def _server_generator(self, trainer: Any) -> Generator:
+    def _server_generator(self, trainer: Any, concurrency: int) -> Any:
         from retool_adapters.generators import TRLVLLMClientGenerator
 
         # Every rank generates its own episodes (so their tool calls run on every node), but only after the main
@@ -274,7 +319,43 @@ class ReToolRollout:
                 base_url = args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"
                 self._server_client = VLLMClient(base_url=base_url, connection_timeout=args.vllm_server_timeout)
             client = self._server_client
-        return TRLVLLMClientGenerator(client, eos_token_ids=trainer.eos_token_ids)
+        return TRLVLLMClientGenerator(client, eos_token_ids=trainer.eos_token_ids, concurrency=concurrency,
+                                      timeout_s=self.generation_timeout)
+
+
+@dataclasses.dataclass(frozen=True)
+class TRLEndTokens:
+    """How GRPOTrainer tells a truncated completion: its last token is neither an eos token nor the pad token
+    (TRL 1.16 `_generate` for `completions/clipped_ratio`, `_generate_and_score_completions` for
+    `mask_truncated_completions`). The environment decides otherwise: a hermes episode it cuts off at `max_tool_calls`
+    still ends with the model's `<|im_end|>`, which TRL reads as finished; and a model whose eos is `<|endoftext|>`
+    ends every finished hermes episode with `<|im_end|>`, which TRL reads as truncated. `closing` gives the one
+    token (mask 0, logprob 0: no loss, and last, so no other token attends to it) that makes TRL's reading the
+    environment's `Trajectory.truncated`, or nothing where they already agree."""
+
+    end_ids: frozenset[int | None]  # TRL's eos_and_pad
+    eos_id: int  # closes a finished episode TRL would read as truncated
+    marker_id: int  # closes a truncated episode TRL would read as finished: "\n", what the chat template writes next
+
+    def closing(self, traj: Trajectory) -> list[int]:
+        ends_like_trl_finished = bool(traj.completion_ids) and traj.completion_ids[-1] in self.end_ids
+        if traj.truncated and ends_like_trl_finished:
+            return [self.marker_id]
+        if not traj.truncated and not ends_like_trl_finished:
+            return [self.eos_id]
+        return []
+
+
+def trl_end_tokens(trainer: Any) -> TRLEndTokens:
+    """The trainer's eos and pad tokens, as GRPOTrainer compares a completion's last token with them."""
+    tokenizer = getattr(trainer, "_tokenizer", None) or getattr(trainer.processing_class, "tokenizer",
+                                                                 trainer.processing_class)
+    end_ids = frozenset([*trainer.eos_token_ids, tokenizer.pad_token_id])
+    marker = tokenizer.encode("\n", add_special_tokens=False)[-1:]
+    if not marker or marker[0] in end_ids:
+        raise ValueError("the tokenizer has no newline token outside its eos and pad tokens, so truncated episodes "
+                         "cannot be told apart for TRL")
+    return TRLEndTokens(end_ids=end_ids, eos_id=trainer.eos_token_ids[0], marker_id=marker[0])
 
 
 @contextlib.contextmanager
@@ -335,6 +416,16 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
 
 
 # ------------------------------------------------------------------------------------------------------- metrics
+def has_void_turn(traj: Trajectory) -> bool:
+    """Whether an episode has a void turn, as SimpleTIR defines it: neither a complete code block nor a final answer.
+    A turn without a tool call ends the episode, so only the last turn can be one: cut off mid-turn by a token budget,
+    or ended without an answer the grader could extract. (A malformed tool call is answered with an error and counts
+    as a tool turn here.)"""
+    if traj.finish_reason in ("length", "max_completion_tokens"):
+        return True
+    return traj.finish_reason == "answer" and traj.pred is None
+
+
 def episode_metrics(trajectories: Sequence[Trajectory]) -> dict[str, list[float]]:
     """Per-episode (and per-tool-call, for rates) values of the `retool/*` metrics; failed episodes count only in
     `retool/aborted`. Episode counts come from `Trajectory.tool_stats`; the rates are over the calls that were run or
@@ -348,6 +439,7 @@ def episode_metrics(trajectories: Sequence[Trajectory]) -> dict[str, list[float]
         "retool/tool_calls_per_episode": [float(s.executed) for s in stats],
         "retool/turns": [float(t.num_turns) for t in done],
         "retool/truncation_rate": [float(t.truncated) for t in done],
+        "retool/void_turn_ratio": [float(has_void_turn(t)) for t in done],
         "retool/accuracy": [float(bool(t.correct)) for t in done],
         "retool/strict_accuracy": [float(bool(t.strict_correct)) for t in done],
         "retool/response_length": [float(len(t.completion_ids)) for t in done],
@@ -444,6 +536,7 @@ class CodeInterpreterEnvironment:
         self.tool_calls: list[ToolCallRecord] = []
         self.grade: Grade | None = None  # the final answer's, from grade_final_answers
         self.num_turns = 0
+        self.num_tool_rounds: int | None = None
         self._session: str | None = None
 
     @property
@@ -458,6 +551,7 @@ class CodeInterpreterEnvironment:
                            "the dataset with problems_to_dataset(problems, prompt=...)")
         self._end_session()
         self.answer, self.tool_calls, self.grade, self.num_turns = str(row["answer"]), [], None, 0
+        self.num_tool_rounds = None
         self._session = f"trl-episode-{next(_trl_episodes)}" if self.config.stateful else None
 
     def code_interpreter(self, code: str):  # no return annotation: TRL would add it to the tool's schema
@@ -493,7 +587,7 @@ class CodeInterpreterEnvironment:
 
     def _episode_stats(self) -> EpisodeStats:
         tools = self._tool_stats()
-        return EpisodeStats(num_tool_calls=tools.executed, num_turns=self.num_turns,
+        return EpisodeStats(num_tool_calls=tools.executed, num_turns=self.num_turns, num_tool_rounds=self.num_tool_rounds,
                             num_tool_errors=tools.failed + tools.invalid, num_tool_timeouts=tools.timeouts,
                             truncated=tools.skipped > 0, finish_reason="max_tool_calls" if tools.skipped else "answer")
 
@@ -505,9 +599,20 @@ class CodeInterpreterEnvironment:
         replies = [m for m in messages if m.get("role") == "assistant"]
         text = replies[-1].get("content") if replies else None
         self.num_turns = len(replies)
+        self.num_tool_rounds = self._count_tool_rounds([len(m.get("tool_calls") or []) for m in replies])
         self.grade = grade(text if isinstance(text, str) else "", self.answer)
         self._end_session()
         return self.grade
+
+    def _count_tool_rounds(self, calls_per_reply: list[int]) -> int | None:
+        """Turns in which a call ran, matching the calls in the order TRL ran them to the assistant messages that wrote
+        them (a last round TRL did not run is left over); None when they do not match (then the reward takes one
+        call per round)."""
+        calls, rounds = iter(self.tool_calls), 0
+        for n in calls_per_reply:
+            batch = list(itertools.islice(calls, n))
+            rounds += any(call.status not in NOT_RUN for call in batch)
+        return rounds if next(calls, None) is None else None
 
     def _end_session(self) -> None:
         if self._session is not None:

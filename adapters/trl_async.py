@@ -30,16 +30,17 @@ import queue
 import random
 import threading
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from retool_adapters.trl import episode_metrics, index_problems
+from retool_adapters.trl import episode_metrics, has_void_turn, index_problems
 from retool_env.config import EnvConfig
 from retool_env.data import Problem
 from retool_env.env import ToolEnvironment
-from retool_env.rollout import Generation, Generator, SamplingParams, run_episodes
+from retool_env.rollout import Generation, Generator, SamplingParams, derive_seed, run_episodes
 from retool_env.trajectory import Trajectory
 
 
@@ -75,6 +76,10 @@ class ReToolRolloutWorker:
     syncs, for the real run). Samples whose tokens are more than `max_staleness` versions old when their group ends
     are dropped here (`retool/dropped_stale_samples_total`) as the trainer would drop them on arrival. Failed
     episodes (generator error, `episode_timeout`, a crossed update without `partial_rollout`) are never queued.
+    A seeded `sampling` gives each group a seed of its own (`group_sampling`). A PEFT policy needs a server started
+    without `--enable-lora` (TRL then pushes merged weights): the adapters TRL loads under `--enable-lora` are named
+    per version, and the generator's requests name the base model. `mask_void_turns` is `ReToolRollout`'s (SimpleTIR):
+    a sample with a void turn is queued with `completion_mask` all 0, its reward still in its group's advantages.
     """
 
     def __init__(
@@ -91,6 +96,7 @@ class ReToolRolloutWorker:
         episode_timeout: float | None = None,
         queue_maxsize: int = 0,
         seed: int = 0,
+        mask_void_turns: bool = False,
         **env_kwargs: Any,
     ) -> None:
         if not problems:
@@ -107,6 +113,7 @@ class ReToolRolloutWorker:
         self.episode_timeout = episode_timeout
         self.env_config = EnvConfig(**env_kwargs)
         self.seed = seed
+        self.mask_void_turns = mask_void_turns
         self.rollout_buffer: queue.Queue = queue.Queue(maxsize=queue_maxsize)
         self.metrics_queue: queue.Queue = queue.Queue()
         self.model_version = 0
@@ -125,11 +132,16 @@ class ReToolRolloutWorker:
         self._thread = threading.Thread(target=self._run, name="retool-rollout-worker", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
-        """Stop after the groups in flight are cancelled."""
+    def stop(self, timeout: float = 60.0) -> None:
+        """Cancel the groups in flight and wait for the thread to end: within a second or so, plus the generator
+        call and tool calls in progress (a full bounded buffer holds nothing up); a warning if it outlives `timeout`
+        (a generator call that never returns), as the trainer stops the worker while shutting down."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=60)
+            self._thread.join(timeout=timeout)
+            if self._thread.is_alive():
+                warnings.warn(f"the ReTool rollout worker did not stop within {timeout:.0f} s (a generator call that "
+                              f"never returns?); its daemon thread is left behind", RuntimeWarning, stacklevel=2)
             self._thread = None
 
     def update_model_version(self, model_version: int) -> None:
@@ -179,10 +191,18 @@ class ReToolRolloutWorker:
             rng.shuffle(order)
             yield from order
 
+    def group_sampling(self, group_id: int) -> SamplingParams:
+        """The group's sampling settings: with a seed, one derived from it and the group (episode j of the group then
+        samples under that + j, each turn under its own, see `run_episodes`), so no two groups replay each other's
+        draws."""
+        if self.sampling.seed is None:
+            return self.sampling
+        return dataclasses.replace(self.sampling, seed=derive_seed(self.sampling.seed, "group", group_id))
+
     async def _play_group(self, problem: Problem, group_id: int) -> None:
         trajectories = await run_episodes(
             [problem], self._make_env, self.generator, n_per_problem=self.num_generations,
-            concurrency=self.num_generations, sampling=self.sampling, episode_timeout=self.episode_timeout,
+            concurrency=self.num_generations, sampling=self.group_sampling(group_id), episode_timeout=self.episode_timeout,
             require_logprobs=True, partial_rollout=self.partial_rollout, progress=False,
         )
         samples = self.to_samples(trajectories, group_id)
@@ -190,12 +210,24 @@ class ReToolRolloutWorker:
                  or self.model_version - s.model_version <= self.max_staleness]
         self._push_metrics(trajectories, dropped_stale=len(samples) - len(fresh))  # first: a reader of a sample has them
         for sample in fresh:
-            sample.enqueued_at = time.time()
-            await asyncio.to_thread(self.rollout_buffer.put, sample)  # blocks while a bounded queue is full
+            if not await self._enqueue(sample):
+                return
         if samples:
             self._heartbeat = time.time()
         else:  # every episode failed: check_health says why once no group has succeeded for too long
             self._last_failure = trajectories[0].finish_reason if trajectories else "no episode ran"
+
+    async def _enqueue(self, sample: Any) -> bool:
+        """Put a sample in the buffer, waiting on the event loop (never in a thread, which `stop()` could not end)
+        while a bounded buffer is full; False if the worker was stopped first."""
+        while not self._stop.is_set():
+            sample.enqueued_at = time.time()
+            try:
+                self.rollout_buffer.put_nowait(sample)
+                return True
+            except queue.Full:
+                await asyncio.sleep(0.05)
+        return False
 
     def _make_env(self) -> ToolEnvironment:
         return ToolEnvironment(self.tokenizer, self.problems, **self.env_config)
@@ -216,10 +248,12 @@ class ReToolRolloutWorker:
                 continue
             versions = [v for v in traj.policy_versions if v is not None]
             prompt = len(traj.prompt_ids)
+            void = self.mask_void_turns and has_void_turn(traj)
             samples.append(RolloutSample(
                 prompt=[], completion=[],
                 input_ids=np.asarray(traj.prompt_ids + traj.completion_ids, dtype=np.int64),
-                completion_mask=np.asarray([0] * prompt + traj.env_mask, dtype=np.int64),
+                completion_mask=np.asarray([0] * (prompt + len(traj.env_mask)) if void else
+                                           [0] * prompt + traj.env_mask, dtype=np.int64),
                 old_log_probs=np.asarray([0.0] * prompt + traj.logprobs, dtype=np.float32),
                 advantage=float(advantage),
                 model_version=min(versions, default=self.model_version),  # its stalest tokens

@@ -22,7 +22,7 @@ from retool_env.grading import Grade, agrade
 from retool_env.prompts import get_prompt, render_prompt
 from retool_env.rewards import EpisodeStats, get_reward_fn
 from retool_env.sandbox import ExecResult, Sandbox, make_sandbox
-from retool_env.trajectory import ToolCallRecord, ToolStatus, Trajectory
+from retool_env.trajectory import NOT_RUN, ToolCallRecord, ToolStatus, Trajectory
 
 EMPTY_OUTPUT = "(no output)"
 _shared_sandboxes: dict[str, Sandbox] = {}
@@ -248,7 +248,7 @@ class ToolEnvironment(gym.Env):
         outcome = self._finish(await agrade(self._answer_text, self.problem.answer), truncated=pending)
         if self._session is not None:
             session, self._session = self._session, None
-            await self.sandbox.close_session(session)
+            await asyncio.shield(self.sandbox.close_session(session))  # an episode cancelled here leaks no session
         return outcome
 
     def _take_action(self, action: Any) -> _PendingTools | bool:
@@ -362,6 +362,7 @@ class ToolEnvironment(gym.Env):
         return EpisodeStats(
             num_tool_calls=tools.executed,
             num_turns=traj.num_turns,
+            num_tool_rounds=len({call.turn for call in traj.tool_calls if call.status not in NOT_RUN}),
             num_tool_errors=tools.failed + tools.invalid,
             num_tool_timeouts=tools.timeouts,
             truncated=traj.truncated,

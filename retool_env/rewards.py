@@ -2,7 +2,7 @@
 
 Built-in schemes (`REWARD_SCHEMES`, picked by name with `get_reward_fn`):
 
-- `retool`: +1 if correct; if wrong, `min(-0.6, -1 + 0.1 * k)` for k executed tool calls, so trying the interpreter
+- `retool`: +1 if correct; if wrong, `min(-0.6, -1 + 0.1 * k)` for k tool rounds, so trying the interpreter
   and still failing costs less than failing without it (-1.0, -0.9, ... -0.6 from k = 4 on).
 - `retool_slime`: slime's reading of the same code: +1 if correct, wrong `min(-0.6, -1 + 0.05 * (k - 2))`
   (-1.1 with no tool call, -1.0 at k = 2, -0.6 from k = 10 on).
@@ -14,11 +14,17 @@ Where the two recipes come from. verl's `recipe/retool` and slime's `examples/re
 
 - verl: `num_turns = user_turns + assistant_turns + 1` (the agent loop's count). With k tool rounds there are k + 1
   assistant turns and k tool (user) turns, so num_turns = 2k + 2 and the bonus is exactly 0.1 * k: `retool`.
-- slime: `num_turns = sample.tool_call_count = k`, so the bonus is 0.05 * (k - 2): `retool_slime`.
+- slime: `num_turns = sample.tool_call_count`, and slime's ReTool `generate` runs one code block per turn, so the
+  count is again the tool rounds k and the bonus 0.05 * (k - 2): `retool_slime`.
 
-`EpisodeStats.num_tool_calls` is k in both; `num_turns` is carried for logging and custom schemes only.
+Both count rounds (model turns with at least one executed call, `EpisodeStats.tool_rounds`), not calls: counted per
+call, four trivial calls in one turn would lift a wrong answer from -1.0 to the -0.6 cap, a bonus a policy finds at
+once. `per="call"` counts executed calls instead, for a recipe that wants it (none of the two above does; with one
+call per turn both readings agree). `num_turns` is carried for logging and custom schemes only.
 
-Options (keyword arguments to `get_reward_fn`, accepted by every built-in scheme):
+Options (keyword arguments to `get_reward_fn`, accepted by every built-in scheme; `per` by the two shaped ones):
+
+- `per`: "round" (default) or "call", what the ReTool shaping counts (above).
 
 - `tool_call_cost`: subtracted once per executed tool call (invalid calls never ran and cost nothing) from every
   outcome, right or wrong, so calling the interpreter for `7 * 8` earns a little less than answering directly: tool
@@ -40,42 +46,59 @@ from dataclasses import dataclass
 
 from retool_env.grading import Grade
 
-__all__ = ["REWARD_SCHEMES", "EpisodeStats", "RewardFn", "get_reward_fn"]
+__all__ = ["REWARD_SCHEMES", "SHAPING_UNITS", "EpisodeStats", "RewardFn", "get_reward_fn"]
 
 
 @dataclass(frozen=True)
 class EpisodeStats:
     """What a reward scheme may know about the episode besides the verdict."""
 
-    num_tool_calls: int = 0  # calls the sandbox ran (k, ToolStats.executed); invalid and skipped calls never ran
+    num_tool_calls: int = 0  # calls the sandbox ran (ToolStats.executed); invalid and skipped calls never ran
     num_turns: int = 0  # assistant turns the model generated
+    num_tool_rounds: int | None = None  # model turns in which the sandbox ran at least one call; None: not known
     num_tool_errors: int = 0  # calls that did not run cleanly: failed (timeouts included) or invalid
     num_tool_timeouts: int = 0
     truncated: bool = False  # the episode hit a token or turn budget before a final answer
     finish_reason: str = ""
 
 
+    @property
+    def tool_rounds(self) -> int:
+        """Tool rounds, the ReTool shaping's k; where a caller did not count them, one call per round is assumed (as
+        in slime's ReTool `generate`, whose `tool_call_count` is the only count a bare sample has)."""
+        return self.num_tool_calls if self.num_tool_rounds is None else self.num_tool_rounds
+
+
 RewardFn = Callable[[Grade, EpisodeStats], float]
+SHAPING_UNITS = ("round", "call")
 
 
 def _is_correct(grade: Grade, strict: bool) -> bool:
     return grade.strict_correct if strict else grade.correct
 
 
-def retool_reward(grade: Grade, stats: EpisodeStats, *, tool_call_cost: float = 0.0, strict: bool = False) -> float:
-    """verl recipe/retool: +1, or `min(-0.6, -1 + 0.1 * k)` when wrong; minus `tool_call_cost * k`."""
-    k = stats.num_tool_calls
+def _shaping_count(stats: EpisodeStats, per: str) -> int:
+    if per not in SHAPING_UNITS:
+        raise ValueError(f"per must be one of {SHAPING_UNITS}, not {per!r}")
+    return stats.tool_rounds if per == "round" else stats.num_tool_calls
+
+
+def retool_reward(grade: Grade, stats: EpisodeStats, *, per: str = "round", tool_call_cost: float = 0.0,
+                  strict: bool = False) -> float:
+    """verl recipe/retool: +1, or `min(-0.6, -1 + 0.1 * k)` when wrong, k tool rounds (`per="call"`: calls); minus
+    `tool_call_cost` per executed call."""
+    k = _shaping_count(stats, per)
     base = 1.0 if _is_correct(grade, strict) else min(-0.6, -1.0 + 0.1 * k)
-    return base - tool_call_cost * k
+    return base - tool_call_cost * stats.num_tool_calls
 
 
-def retool_slime_reward(
-    grade: Grade, stats: EpisodeStats, *, tool_call_cost: float = 0.0, strict: bool = False
-) -> float:
-    """slime examples/retool: +1, or `min(-0.6, -1 + (k - 2) / 2 * 0.1)` when wrong; minus `tool_call_cost * k`."""
-    k = stats.num_tool_calls
+def retool_slime_reward(grade: Grade, stats: EpisodeStats, *, per: str = "round", tool_call_cost: float = 0.0,
+                        strict: bool = False) -> float:
+    """slime examples/retool: +1, or `min(-0.6, -1 + (k - 2) / 2 * 0.1)` when wrong, k tool rounds (`per="call"`:
+    calls); minus `tool_call_cost` per executed call."""
+    k = _shaping_count(stats, per)
     base = 1.0 if _is_correct(grade, strict) else min(-0.6, -1.0 + (k - 2) / 2 * 0.1)
-    return base - tool_call_cost * k
+    return base - tool_call_cost * stats.num_tool_calls
 
 
 def paper_reward(grade: Grade, stats: EpisodeStats, *, tool_call_cost: float = 0.0, strict: bool = False) -> float:
@@ -124,6 +147,8 @@ def get_reward_fn(scheme: str | RewardFn, **kwargs: object) -> RewardFn:
             f"unknown reward scheme {scheme!r}: use one of {valid}, a callable (grade, episode_stats) -> float, "
             "or a dotted path 'package.module:function'"
         )
+    if "per" in kwargs and fn in (retool_reward, retool_slime_reward) and kwargs["per"] not in SHAPING_UNITS:
+        raise ValueError(f"per must be one of {SHAPING_UNITS}, not {kwargs['per']!r}")
     if not kwargs:
         return fn
     try:

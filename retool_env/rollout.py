@@ -83,17 +83,22 @@ async def run_episode(
     and the environment appended: nothing is decoded and re-tokenized between turns. Each turn keeps the generator's
     `policy_version`; an episode that a weight update crosses is finished on the new policy (`partial_rollout`), or
     aborted, so that it is dropped.
+
+    A seeded `sampling` seeds each turn apart (`turn_seed`): engines seed a fresh generator per request, so one seed
+    for every turn would replay turn 1's random draws in each later turn, which then are no samples of the policy.
     """
     env = getattr(env, "unwrapped", env)
     _, info = env.reset(options={"problem": problem} if problem is not None else None)
     traj = env.trajectory
     while True:
+        turn = len(traj.turns)
         generation = await generator.generate(
             traj.prompt_ids + traj.completion_ids,
             max_tokens=info["max_new_tokens"],
             stop_token_ids=info["stop_token_ids"],
             stop=info["stop"],
-            sampling=sampling,
+            sampling=sampling if sampling.seed is None else
+            dataclasses.replace(sampling, seed=turn_seed(sampling.seed, turn)),
         )
         if generation.finish_reason == "abort":
             raise EpisodeAborted("the generator aborted the request")
@@ -105,7 +110,6 @@ async def run_episode(
                                  f"partial_rollout is off")
         action = {"token_ids": generation.token_ids, "logprobs": generation.logprobs,
                   "finish_reason": generation.finish_reason}
-        turn = len(traj.turns)
         _, _, terminated, truncated, info = await env.astep(action)
         traj.turns[turn].policy_version = generation.policy_version
         if getattr(env, "stateful", False) and any(r["status"] == ToolStatus.SANDBOX_ERROR for r in info["tool_results"]):
@@ -158,6 +162,12 @@ def derive_seed(*parts: int | str) -> int:
     """A seed that is a stable function of `parts` (a run's seed, a process, a step, ...): unrelated for distinct
     parts, and below 2**62, so that episode i of a batch may sample under seed + i."""
     return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "little") >> 2
+
+
+def turn_seed(episode_seed: int, turn: int) -> int:
+    """The sampling seed of turn `turn` (0-based) of an episode seeded `episode_seed`: the episode's own seed for the
+    first turn (so single-turn results keep their seeds), an unrelated seed derived from both for every later one."""
+    return episode_seed if turn == 0 else derive_seed(episode_seed, "turn", turn)
 
 
 async def run_episodes(

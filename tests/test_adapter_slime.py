@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from retool_adapters import slime
+from retool_env.rollout import turn_seed
 
 from .slime_standin import (
     SLIME_FULLY_ASYNC,
@@ -291,9 +292,13 @@ def test_the_default_rollout_without_the_abort_filter_is_refused_at_the_first_sa
 def test_vime_finds_its_router_and_sends_its_request(tok_path):
     sample, engine, args = one_sample(tok_path, "vllm", "hermes_correct", {"seed": 7})
     assert sample.status is Sample.Status.COMPLETED and sample.reward == 1.0
-    assert all(r["model"] == args.hf_checkpoint and r["sampling_params"]["seed"] == 7 for r in engine.requests)
+    # The rollout's seed for the first turn, one derived from it for each later turn (retool_env.rollout.turn_seed).
+    assert len(engine.requests) > 1
+    assert all(r["model"] == args.hf_checkpoint and r["sampling_params"]["seed"] == turn_seed(7, k)
+               for k, r in enumerate(engine.requests))
     sample, engine, _ = one_sample(tok_path, "sglang", "hermes_correct", {"sampling_seed": 11})
-    assert all(r["sampling_params"]["sampling_seed"] == 11 for r in engine.requests)
+    assert [r["sampling_params"]["sampling_seed"] for r in engine.requests] == [
+        turn_seed(11, k) for k in range(len(engine.requests))]
 
 
 @pytest.mark.parametrize("group_rm", [False, True])

@@ -348,11 +348,14 @@ class FakeCompletionsServer:
     def __init__(self):
         self.replies: list[tuple[int, dict]] = []
         self.requests: list[dict] = []
+        self.hold = None  # called in the request's thread before it answers: to hold requests open
         server = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):
                 server.requests.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                if server.hold is not None:
+                    server.hold()
                 status, body = server.replies.pop(0)
                 data = json.dumps(body).encode()
                 self.send_response(status)
@@ -497,3 +500,57 @@ def test_trl_generator_with_the_real_client_generate_against_the_fake_server(ser
     assert out == Generation([11, 12], [-0.25, -0.5], "stop")
     sent = server.requests[0]
     assert sent["prompt"] == [[1, 2]] and sent["stop"] == ["x"] and sent["return_token_ids"] is True
+
+
+def real_trl_client(url):
+    """TRL's real `VLLMClient`, made without its vllm-only `__init__`, pointed at the fake server."""
+    vllm_client = pytest.importorskip("trl.generation.vllm_client")
+    requests = pytest.importorskip("requests")
+    client = object.__new__(vllm_client.VLLMClient)
+    client.session, client.base_url, client.model = requests.Session(), url, "tiny"
+    return client
+
+
+def test_trl_generator_keeps_its_concurrency_in_flight(server):
+    """asyncio's default pool would hold the turns in flight to min(32, cores + 4); the generator's own pool to its
+    `concurrency`: all 40 requests reach the server before any is answered."""
+    n, lock, arrived = 40, threading.Lock(), threading.Event()
+    state = {"in_flight": 0, "most": 0}
+
+    def hold():
+        with lock:
+            state["in_flight"] += 1
+            state["most"] = max(state["most"], state["in_flight"])
+            if state["in_flight"] == n:
+                arrived.set()
+        arrived.wait(timeout=15)
+        with lock:
+            state["in_flight"] -= 1
+
+    server.hold = hold
+    server.replies.extend((200, vllm_completion([11], [-0.5], prompt_ids=[1])) for _ in range(n))
+    gen = TRLVLLMClientGenerator(real_trl_client(server.url), concurrency=n)
+
+    async def many():
+        return await asyncio.gather(*(gen.generate([1], max_tokens=4) for _ in range(n)))
+
+    try:
+        outs = run(many())
+    finally:
+        gen.close()
+    assert state["most"] == n and all(o == Generation([11], [-0.5], "stop") for o in outs)
+
+
+def test_trl_generator_gives_up_on_a_stuck_server(server):
+    release = threading.Event()
+    server.hold = lambda: release.wait(timeout=10)
+    server.replies.append((200, vllm_completion([11], [-0.5], prompt_ids=[1])))
+    gen = TRLVLLMClientGenerator(real_trl_client(server.url), timeout_s=0.3)
+    started = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError, match=r"no answer in 0\.3 s"):
+            run(gen.generate([1], max_tokens=4))
+        assert time.monotonic() - started < 5
+    finally:
+        release.set()
+        gen.close()

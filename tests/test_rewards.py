@@ -92,3 +92,43 @@ def test_errors_name_what_is_valid() -> None:
         get_reward_fn(f"{__name__}:no_such_function")
     with pytest.raises(TypeError, match="tool_call_costs"):
         get_reward_fn("retool", tool_call_costs=0.1)
+
+
+def test_retool_shaping_counts_tool_rounds_not_calls() -> None:
+    """Four trivial calls in one turn are one tool round: -0.9, as verl's recipe gives, not the -0.6 cap."""
+    one_turn_four_calls = EpisodeStats(num_tool_calls=4, num_tool_rounds=1)
+    assert get_reward_fn("retool")(WRONG, one_turn_four_calls) == pytest.approx(-0.9)
+    assert get_reward_fn("retool", per="call")(WRONG, one_turn_four_calls) == pytest.approx(-0.6)
+    assert get_reward_fn("retool_slime")(WRONG, one_turn_four_calls) == pytest.approx(-1.05)
+    assert get_reward_fn("retool_slime", per="call")(WRONG, one_turn_four_calls) == pytest.approx(-0.9)
+    # The tool-call cost stays per executed call, whatever the shaping counts.
+    costly = get_reward_fn("retool", tool_call_cost=0.05)
+    assert costly(RIGHT, one_turn_four_calls) == pytest.approx(1.0 - 0.2)
+    # Rounds not counted (a bare slime sample): one call per round, as slime's ReTool generate runs them.
+    assert EpisodeStats(num_tool_calls=3).tool_rounds == 3
+    with pytest.raises(ValueError, match="per must be one of"):
+        get_reward_fn("retool", per="turn")
+
+
+def test_the_environment_counts_rounds_with_an_executed_call(tiny_tok) -> None:
+    import json
+
+    from retool_env import Problem, ToolEnvironment
+
+    def turn(*codes: str) -> str:
+        return "".join("<tool_call>\n" + json.dumps({"name": "code_interpreter", "arguments": {"code": code}})
+                       + "\n</tool_call>" for code in codes)
+
+    env = ToolEnvironment(tiny_tok, [Problem("What is 6 * 7?", "42")], reward="retool")
+    end = env.format.end_token_ids[0]
+    try:
+        env.reset(options={"index": 0})
+        for text in (turn("1", "2", "3", "4"), turn("print(1)"), '<tool_call>\n{"name": "code_interpreter"}\n'
+                     '</tool_call>', "\\boxed{41}"):
+            _, reward, terminated, _, _ = env.step(tiny_tok.encode(text, add_special_tokens=False) + [end])
+        assert terminated
+        stats = env.episode_stats()
+        assert (stats.num_tool_calls, stats.num_tool_rounds) == (5, 2)  # the invalid call's turn ran nothing
+        assert reward == pytest.approx(-0.8)
+    finally:
+        env.close()

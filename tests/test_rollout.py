@@ -10,7 +10,7 @@ import time
 import pytest
 
 from retool_env import Problem, ToolEnvironment
-from retool_env.rollout import Generation, run_episode, run_episodes
+from retool_env.rollout import Generation, SamplingParams, run_episode, run_episodes, turn_seed
 from retool_env.sandbox import ExecResult, LocalSandbox
 
 
@@ -154,3 +154,76 @@ def test_a_sandbox_error_aborts_a_stateful_episode_only(tiny_tok):
     assert all(t.aborted and "session state is lost" in t.finish_reason for t in stateful)
     stateless = asyncio.run(run_episodes(PROBLEMS[:2], make(False), Solver(tiny_tok), progress=False))
     assert not any(t.aborted for t in stateless)  # the model saw the error; no state was at stake
+
+
+class SeedRecorder(Solver):
+    """The scripted solver, recording the sampling seed each of its requests carried, by problem and turn."""
+
+    def __init__(self, tok):
+        super().__init__(tok)
+        self.seeds: dict[str, list[int | None]] = {}
+
+    async def generate(self, prompt_ids, *, sampling=None, **kwargs):
+        a = re.findall(r"What is (\d+) \*", self.tok.decode(prompt_ids))[-1]
+        self.seeds.setdefault(a, []).append(sampling.seed)
+        return await super().generate(prompt_ids, sampling=sampling, **kwargs)
+
+
+def test_each_turn_samples_under_its_own_seed_derived_from_the_episodes(tiny_tok):
+    """Engines seed a fresh generator per request: one seed for every turn would replay turn 1's draws."""
+    runs = []
+    for _ in range(2):
+        recorder = SeedRecorder(tiny_tok)
+        asyncio.run(run_episodes(PROBLEMS[:3], factory(tiny_tok), recorder, concurrency=3, progress=False,
+                                 sampling=SamplingParams(seed=100)))
+        runs.append(recorder.seeds)
+    seeds = runs[0]
+    assert runs[0] == runs[1]  # deterministic: a rerun sends the same seed for every turn
+    assert [seeds[a][0] for a in ("12", "56", "91")] == [100, 101, 102]  # turn 0: the episode's seed
+    assert all(len(s) == 2 and s[1] == turn_seed(s[0], 1) for s in seeds.values())
+    every = [seed for s in seeds.values() for seed in s]
+    assert len(set(every)) == len(every)  # no seed reused by another turn or another episode
+    assert turn_seed(100, 1) != turn_seed(100, 2) and turn_seed(100, 1) != turn_seed(101, 1)
+    assert all(0 <= turn_seed(2**62 - 1, k) < 2**63 for k in range(4))
+
+
+def test_unseeded_sampling_sends_no_seed(tiny_tok):
+    recorder = SeedRecorder(tiny_tok)
+    asyncio.run(run_episodes(PROBLEMS[:1], factory(tiny_tok), recorder, progress=False))
+    assert recorder.seeds == {"12": [None, None]}
+
+
+class SlowToCloseSandbox(LocalSandbox):
+    """The real sandbox, slow to close a session, so that an episode's timeout falls inside `close_session`."""
+
+    async def close_session(self, session):
+        await asyncio.sleep(0.5)
+        await super().close_session(session)
+
+
+def test_an_episode_cancelled_while_closing_its_session_leaks_no_session(tiny_tok):
+    sandbox = SlowToCloseSandbox()
+
+    async def main():
+        trajs = await run_episodes(PROBLEMS[:2], lambda: ToolEnvironment(tiny_tok, PROBLEMS, sandbox=sandbox,
+                                                                          stateful=True),
+                                   Solver(tiny_tok), episode_timeout=120.0, progress=False)
+        opened = (await sandbox.info())["sessions"]
+        # Now a timeout inside the close: the episode is aborted, its session still closed.
+        env = ToolEnvironment(tiny_tok, PROBLEMS, sandbox=sandbox, stateful=True)
+        with pytest.raises(asyncio.TimeoutError):
+            started = time.monotonic()
+            task = asyncio.ensure_future(run_episode(env, Solver(tiny_tok), problem=PROBLEMS[0]))
+            while (await sandbox.info())["sessions"] == opened and time.monotonic() - started < 30:
+                await asyncio.sleep(0.05)  # the episode's session exists once its tool call runs
+            while not env.trajectory.turns or env.trajectory.reward is None:
+                await asyncio.sleep(0.01)  # graded: the close has begun
+            await asyncio.wait_for(task, 0.1)
+        await asyncio.sleep(1.0)
+        return trajs, opened, (await sandbox.info())["sessions"]
+
+    try:
+        trajs, opened, after = asyncio.run(main())
+    finally:
+        sandbox.close()
+    assert all(t.correct for t in trajs) and opened == 0 and after == 0

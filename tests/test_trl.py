@@ -26,6 +26,7 @@ from accelerate import Accelerator
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from retool_adapters.trl import (
+    REWARD_FUNCS,
     REWARD_WEIGHTS,
     ReToolRollout,
     _colocated_engine,
@@ -145,7 +146,7 @@ def test_rollout_returns_trl_fields_with_real_logprobs_and_env_mask(policy, prob
         assert out["prompt_ids"][i] == prompt_ids_of(rollout, problem, tokenizer)  # in order, mapped to its problem
         ids, logprobs, mask = out["completion_ids"][i], out["logprobs"][i], out["env_mask"][i]
         assert len(ids) == len(logprobs) == len(mask)
-        assert mask[0] == 1 and mask[-1] == 1  # the model opens and closes the episode
+        assert mask[0] == 1 and (mask[-1] == 1 or out["truncated"][i])  # the model opens and closes the episode
         assert all(lp == 0.0 for lp, m in zip(logprobs, mask, strict=True) if not m)
         # The logprobs are the policy's own, token for token: teacher-force the episode and compare.
         sequence = torch.tensor([out["prompt_ids"][i] + ids])
@@ -290,7 +291,159 @@ def test_colocated_vllm_is_woken_for_the_rollout_and_put_back_to_sleep():
         pass
 
 
+def test_the_last_token_tells_trl_what_the_environment_decided(policy):
+    """TRL reads a completion as truncated when its last token is neither eos nor pad; the closing token makes that
+    the environment's verdict, in both directions, and carries no loss."""
+    from retool_adapters.trl import TRLEndTokens, trl_end_tokens
+
+    _, tokenizer = policy
+    ends = trl_end_tokens(trainer_like(None, tokenizer))
+    im_end, endoftext = (tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>"))
+    assert ends.end_ids == {tokenizer.eos_token_id, tokenizer.pad_token_id} and tokenizer.decode([ends.marker_id]) == "\n"
+
+    def closing(ends, last, truncated):
+        return ends.closing(Trajectory(prompt_ids=[1], completion_ids=[5, last], truncated=truncated))
+
+    assert closing(ends, im_end, truncated=True) == [ends.marker_id]  # cut off at max_tool_calls after <|im_end|>
+    assert closing(ends, im_end, truncated=False) == []
+    assert closing(ends, 5, truncated=True) == []  # cut off mid-turn: TRL already sees it
+    # A base model's eos is <|endoftext|>: a finished hermes episode ends with <|im_end|>, which TRL would clip.
+    base = TRLEndTokens(end_ids=frozenset({endoftext}), eos_id=endoftext, marker_id=ends.marker_id)
+    assert closing(base, im_end, truncated=False) == [endoftext] and closing(base, im_end, truncated=True) == []
+
+
+def test_void_turns_are_the_turns_with_neither_a_call_nor_an_answer():
+    from retool_adapters.trl import has_void_turn
+
+    def traj(finish_reason, pred=None):
+        return Trajectory(prompt_ids=[1], completion_ids=[5], finish_reason=finish_reason, pred=pred)
+
+    assert has_void_turn(traj("length")) and has_void_turn(traj("max_completion_tokens"))
+    assert has_void_turn(traj("answer", pred=None)) and not has_void_turn(traj("answer", pred="4"))
+    assert not has_void_turn(traj("max_tool_calls"))  # it wrote a complete call, one too many
+
+
+def test_the_accuracy_filter_masks_groups_outside_its_range(problems):
+    def traj(problem, correct, aborted=False):
+        return Trajectory(prompt_ids=[1], completion_ids=[] if aborted else [5, 6], env_mask=[] if aborted else [1, 1],
+                          logprobs=[] if aborted else [-0.1, -0.2], correct=correct, reward=1.0 if correct else -1.0,
+                          finish_reason="aborted: x" if aborted else "answer", pred="1", problem_id=problem.id)
+
+    a, b = problems
+    group_a = [traj(a, True), traj(a, True), traj(a, True), traj(a, False, aborted=True)]  # all scored ones right
+    group_b = [traj(b, True), traj(b, False), traj(b, False), traj(b, False)]  # 0.25
+    trajectories, batch = group_a + group_b, [a] * 4 + [b] * 4
+    rollout = ReToolRollout(problems, accuracy_filter=(0.1, 0.9))
+    assert rollout.groups_outside_accuracy(trajectories, batch) == {id(a)}
+    rollout._prompt_env = types.SimpleNamespace(format=types.SimpleNamespace(end_token_ids=[7]))  # no env needed
+    out = rollout.to_rollout_output(trajectories, batch, lambda: None)
+    assert out["env_mask"][:3] == [[0, 0]] * 3 and out["env_mask"][4:] == [[1, 1]] * 4
+    assert out["env_reward"][:3] == [1.0] * 3  # still scored: the group's statistics are unchanged
+    assert ReToolRollout(problems).groups_outside_accuracy(trajectories, batch) == set()
+    with pytest.raises(ValueError, match="accuracy_filter"):
+        ReToolRollout(problems, accuracy_filter=(0.9, 0.1))
+
+
 # ---------------------------------------------------------------------------------------- the real GRPOTrainer
+@pytest.mark.parametrize("option", ["mask_void_turns", "accuracy_filter"])
+def test_grpo_trainer_masks_episodes_with_a_void_turn(model_dir, problems, tmp_path, monkeypatch, option):
+    """SimpleTIR's filters: episodes cut off mid-turn (void, and wrong) reach the loss with no trained token, still
+    scored."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    outputs, loss_inputs = [], []
+
+    class Recorded(ReToolRollout):
+        def __call__(self, prompts, trainer):
+            outputs.append(super().__call__(prompts, trainer))
+            return outputs[-1]
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path), use_cpu=True, bf16=False, gradient_checkpointing=False, seed=0, max_steps=1,
+        per_device_train_batch_size=4, num_generations=4, max_completion_length=128, temperature=TEMPERATURE,
+        learning_rate=1e-4, logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True,
+        reward_weights=list(REWARD_WEIGHTS),
+    )
+    # A turn budget shorter than the taught model's tool call: every episode is cut off in its first turn, void and
+    # wrong (accuracy 0, outside the filter's 0.1-0.9).
+    options = {"mask_void_turns": True} if option == "mask_void_turns" else {"accuracy_filter": (0.1, 0.9)}
+    rollout = Recorded(problems, max_turn_tokens=6, **options)
+    trainer = GRPOTrainer(model=str(model_dir), reward_funcs=list(REWARD_FUNCS), args=args,
+                          train_dataset=problems_to_dataset(problems[:1]), processing_class=tokenizer,
+                          rollout_func=rollout)
+    compute_loss = trainer._compute_loss
+
+    def capturing_compute_loss(model, inputs):
+        loss_inputs.append({key: inputs[key].detach().clone() for key in ("completion_mask", "tool_mask")})
+        return compute_loss(model, inputs)
+
+    trainer._compute_loss = capturing_compute_loss
+    trainer.train()
+
+    (out,), (inputs,) = outputs, loss_inputs
+    assert out["finish_reason"] == ["length"] * 4 and all(r is not None for r in out["env_reward"])
+    assert all(not any(mask) for mask in out["env_mask"])
+    assert not (inputs["completion_mask"] * inputs["tool_mask"]).any()
+    (logged,) = [entry for entry in trainer.state.log_history if "retool/void_turn_ratio" in entry]
+    assert logged["retool/void_turn_ratio"] == 1.0
+    assert logged.get("retool/filtered_groups") == (1.0 if option == "accuracy_filter" else None)
+    # Off (the default), the same episodes train on their model tokens.
+    kept = ReToolRollout(problems, max_turn_tokens=6).to_rollout_output(
+        [Trajectory(prompt_ids=[1], completion_ids=[5, 6], env_mask=[1, 1], logprobs=[-0.1, -0.2],
+                    finish_reason="length", truncated=True)], problems[:1], lambda: None)
+    assert kept["env_mask"] == [[1, 1]]
+
+
+
+def test_grpo_trainer_sees_the_environments_truncation(model_dir, problems, tmp_path, monkeypatch):
+    """Episodes the environment ends at `max_tool_calls` close with the model's <|im_end|>: TRL's own
+    `completions/clipped_ratio` counts them and `mask_truncated_completions` keeps them out of the loss."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    outputs = []
+
+    class Recorded(ReToolRollout):
+        def __call__(self, prompts, trainer):
+            outputs.append(super().__call__(prompts, trainer))
+            return outputs[-1]
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path), use_cpu=True, bf16=False, gradient_checkpointing=False, seed=0, max_steps=1,
+        per_device_train_batch_size=4, num_generations=4, max_completion_length=128, temperature=TEMPERATURE,
+        learning_rate=1e-4, logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True,
+        reward_weights=list(REWARD_WEIGHTS), mask_truncated_completions=True,
+    )
+    trainer = GRPOTrainer(model=str(model_dir), reward_funcs=list(REWARD_FUNCS), args=args,
+                          train_dataset=problems_to_dataset(problems[:1]), processing_class=tokenizer,
+                          rollout_func=Recorded(problems, max_tool_calls=0))  # the taught model's call is one too many
+    loss_inputs = []
+    compute_loss = trainer._compute_loss
+
+    def capturing_compute_loss(model, inputs):
+        loss_inputs.append({key: inputs[key].detach().clone() for key in ("completion_mask", "tool_mask")})
+        return compute_loss(model, inputs)
+
+    trainer._compute_loss = capturing_compute_loss
+    trainer.train()
+
+    (out,) = outputs
+    cut = [i for i, reason in enumerate(out["finish_reason"]) if reason == "max_tool_calls"]
+    assert cut and all(out["truncated"][i] for i in cut)
+    for i in cut:  # the model's own tokens, its <|im_end|> included, then the closing "\n" with no loss
+        ids = out["completion_ids"][i]
+        assert ids[-2] == tokenizer.convert_tokens_to_ids("<|im_end|>") and tokenizer.decode(ids[-1:]) == "\n"
+        assert out["env_mask"][i][-1] == 0 and out["logprobs"][i][-1] == 0.0
+    (logged,) = [entry for entry in trainer.state.log_history if "completions/clipped_ratio" in entry]
+    assert logged["completions/clipped_ratio"] == pytest.approx(len(cut) / len(out["truncated"]))
+    (inputs,) = loss_inputs
+    assert not (inputs["completion_mask"] * inputs["tool_mask"])[cut].any()  # masked out of the loss
+
+
+
 def test_grpo_trainer_masks_env_tokens_feeds_extras_to_rewards_and_logs_metrics(model_dir, problems, tmp_path,
                                                                                  monkeypatch):
     from trl import GRPOConfig, GRPOTrainer

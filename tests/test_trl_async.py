@@ -219,6 +219,53 @@ def test_a_failing_worker_is_reported_by_check_health(model_dir, problems):
     gc.collect()  # the failed loops' frames now, not in a later garbage collection inside CPython 3.11's compiler
 
 
+def test_stop_is_prompt_when_the_bounded_buffer_is_full(model_dir, problems, generator):
+    """A full `queue_maxsize` buffer that nobody reads: `stop()` still ends the worker's thread in seconds."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    worker = ReToolRolloutWorker(problems, tokenizer, generator, num_generations=2, max_inflight_groups=2,
+                                 queue_maxsize=1, max_completion_tokens=64, max_tool_calls=1)
+    worker.start()
+    deadline = time.time() + 120
+    while not worker.rollout_buffer.full() and time.time() < deadline:
+        time.sleep(0.1)
+    assert worker.rollout_buffer.full()
+    time.sleep(1.0)  # the group's second sample now waits for room
+    thread = worker._thread
+    started = time.monotonic()
+    worker.stop(timeout=30)
+    assert time.monotonic() - started < 20 and not thread.is_alive()
+    assert worker.rollout_buffer.qsize() == 1  # nothing was pushed after the stop
+    worker.check_health(stale_after_s=600)  # stopped, not failed
+
+
+def test_seeded_groups_sample_under_seeds_of_their_own():
+    from retool_env.data import Problem
+
+    seeded = ReToolRolloutWorker([Problem("q", "1")], None, None, sampling=SamplingParams(temperature=0.5, seed=7))
+    seeds = [seeded.group_sampling(g).seed for g in range(4)]
+    assert len(set(seeds)) == 4 and seeds == [seeded.group_sampling(g).seed for g in range(4)]
+    assert all(abs(a - b) > 1000 for a, b in itertools.combinations(seeds, 2))  # episode j samples under seed + j
+    assert seeded.group_sampling(0).temperature == 0.5
+    unseeded = ReToolRolloutWorker([Problem("q", "1")], None, None)
+    assert unseeded.group_sampling(3).seed is None
+
+
+def test_void_turn_samples_are_queued_without_trained_tokens():
+    from retool_env.data import Problem
+    from retool_env.trajectory import Trajectory
+
+    def traj(finish_reason, reward, pred):
+        return Trajectory(prompt_ids=[1, 2], completion_ids=[5, 6], env_mask=[1, 1], logprobs=[-0.1, -0.2],
+                          finish_reason=finish_reason, reward=reward, pred=pred)
+
+    group = [traj("answer", 1.0, "4"), traj("length", -1.0, None)]
+    on = ReToolRolloutWorker([Problem("q", "4")], None, None, mask_void_turns=True).to_samples(group, group_id=0)
+    off = ReToolRolloutWorker([Problem("q", "4")], None, None).to_samples(group, group_id=0)
+    assert on[0].completion_mask.tolist() == off[0].completion_mask.tolist() == [0, 0, 1, 1]
+    assert on[1].completion_mask.tolist() == [0, 0, 0, 0] and off[1].completion_mask.tolist() == [0, 0, 1, 1]
+    assert [s.advantage for s in on] == [s.advantage for s in off] and on[0].advantage > 0  # still in its group
+
+
 # ------------------------------------------------------------------------------------------- training/grpo_trl.py
 def test_the_async_recipe_parses_and_the_script_takes_async():
     import subprocess

@@ -212,3 +212,20 @@ def test_a_dict_of_environments_routes_each_example(model_dir, problems, tmp_pat
     for _, stateful, *_ in Recording.episodes:
         by_config[stateful] += 1
     assert by_config == {False: 4, True: 4}  # each problem's four rollouts in the environment its row names
+
+
+def test_the_tool_rounds_of_trls_messages_shape_the_reward(tiny_tok):
+    """Four calls in one assistant message are one round (-0.9 when wrong), in TRL's loop as in the environment."""
+    env = CodeInterpreterEnvironment(tiny_tok, reward="retool")
+    env.reset(prompt=[{"role": "user", "content": "What is 6 * 7?"}], answer=GOLD)
+    calls = []
+    for code in ("1", "2", "3", "4"):
+        env.code_interpreter(code)
+        calls.append({"type": "function", "function": {"name": "code_interpreter", "arguments": {"code": code}}})
+    completion = [{"role": "assistant", "content": "", "tool_calls": calls},
+                  *({"role": "tool", "name": "code_interpreter", "content": "1"} for _ in calls),
+                  {"role": "assistant", "content": "\\boxed{41}"}]
+    grade_final_answers([completion], environments=[env])
+    assert env.num_tool_rounds == 1 and env.get_reward() == pytest.approx(-0.9)
+    # Messages that do not account for the calls: the rounds are unknown, one call per round is assumed.
+    assert env._count_tool_rounds([1, 1]) is None and env._count_tool_rounds([2, 2, 0, 1]) == 2

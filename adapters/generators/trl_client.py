@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from retool_env.rollout import Generation, SamplingParams
@@ -18,11 +20,26 @@ class TRLVLLMClientGenerator(TurnGenerator):
     probability, so the sampled token's value is looked up by id rather than taken first. The client does not return
     a finish reason: a turn shorter than `max_tokens`, or ending in a stop id or one of `eos_token_ids`, is "stop";
     otherwise "length" (a stop string completed by exactly the last allowed token is reported as "length").
+
+    The client blocks, so each turn waits in a thread of the generator's own pool of `concurrency` threads (asyncio's
+    default pool would cap the turns in flight at min(32, cores + 4), whatever the rollout's concurrency); `close()`
+    ends them. The client's requests have no read timeout, so a turn waits at most `timeout_s` for the server, then
+    raises `TimeoutError` (its episode is aborted; the stuck request keeps its thread until the server answers).
     """
 
-    def __init__(self, client: Any, *, eos_token_ids: Sequence[int] = ()) -> None:
+    def __init__(self, client: Any, *, eos_token_ids: Sequence[int] = (), concurrency: int = 64,
+                 timeout_s: float | None = 600.0) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, not {concurrency}")
         self.client = client
         self.eos_token_ids = frozenset(eos_token_ids)
+        self.concurrency = concurrency
+        self.timeout_s = timeout_s
+        self._executor = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="trl-vllm-client")
+
+    def close(self) -> None:
+        """End the pool's threads, without waiting for stuck requests."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def _generate(
         self, prompt_ids: list[int], max_tokens: int, stop_token_ids: list[int], stop: list[str],
@@ -37,7 +54,7 @@ class TRLVLLMClientGenerator(TurnGenerator):
             "spaces_between_special_tokens": False,
             **({"seed": sampling.seed} if sampling.seed is not None else {}),
         }
-        output = await asyncio.to_thread(
+        call = functools.partial(
             self.client.generate,
             prompts=[list(prompt_ids)],
             n=1,
@@ -48,6 +65,11 @@ class TRLVLLMClientGenerator(TurnGenerator):
             logprobs=0,
             generation_kwargs=generation_kwargs,
         )
+        request = asyncio.get_running_loop().run_in_executor(self._executor, call)
+        try:
+            output = await asyncio.wait_for(request, self.timeout_s)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"the vLLM server gave no answer in {self.timeout_s} s") from None
         token_ids = list(output["completion_ids"][0])
         if output.get("logprobs") is None or output.get("logprob_token_ids") is None:
             raise LogprobsMismatchError("the vLLM server returned no logprobs")
