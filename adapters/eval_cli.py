@@ -146,7 +146,7 @@ def apply_protocol(parsed: tuple[Any, ...], argv: Sequence[str]) -> dict[str, An
         if name not in given:
             setattr(owners[name], name, value)
     if "n_samples" in given and "ks" not in given:  # the preset's k values belong to its own n
-        data_args.ks = [k for k in preset.get("ks", []) if k <= data_args.n_samples] or None
+        data_args.ks = sorted({k for k in preset.get("ks", []) if k <= data_args.n_samples} | {data_args.n_samples})
     on_top = {name: getattr(owners[name], name) for name in sorted(given - {"config", "protocol"})}
     return {"name": data_args.protocol, "source": source, "preset": preset, "set_on_top": on_top}
 

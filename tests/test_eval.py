@@ -257,6 +257,7 @@ def test_protocol_presets_state_their_source_and_flags_win_on_top(name):
     assert env.max_tool_calls == preset.get("max_tool_calls", 2)  # else the config file's (the tiny config: 2)
     _, data, env, out = eval_cli.parse_args(["--protocol", name, "--n_samples", "2", "--no_progress"])
     assert data.n_samples == 2 and out.progress is False and data.temperature == PROTOCOL_SETTINGS[name][1]
+    assert data.ks == [1, 2]  # the preset's k values that fit the new n, and n
     assert data.protocol_record["set_on_top"] == {"n_samples": 2, "progress": False}
     assert data.protocol_record["preset"]["n_samples"] == PROTOCOL_SETTINGS[name][0]
 
