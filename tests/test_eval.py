@@ -354,3 +354,29 @@ def test_retool_env_eval_protocol_paper_writes_the_two_arm_report_and_plot(tiny_
         assert len(arms[arm]["mean@2_ci95"]) == 2
     assert saved["config"]["top_p"] == 0.7 and saved["config"]["protocol"]["name"] == "paper"
     assert arms["no_tool"]["tools"]["tool_calls_per_response"] == 0.0
+
+
+def test_an_installed_copy_finds_its_default_config_and_protocols(tmp_path):
+    """Build the packages as a wheel would hold them (setuptools' build_py, package-data included), then run the
+    evaluation's parser from that copy, outside the repository: no ../training/configs to fall back on."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    source = tmp_path / "src"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".venv*", ".git", "runs", "tests", "bench", "*.pyc"))
+    build = subprocess.run([sys.executable, "-c", "from setuptools import setup; setup()", "-q", "build_py",
+                            "--build-lib", str(tmp_path / "lib")], cwd=source, capture_output=True, text=True,
+                           timeout=240)
+    assert build.returncode == 0, build.stderr
+    assert not (tmp_path / "lib" / "training").exists()
+    code = ("import retool_env, retool_adapters.eval_cli as e\n"
+            "_, data, env, _ = e.parse_args(['--protocol', 'aster'])\n"
+            "print(retool_env.__file__, e.EVAL_CONFIGS, data.dataset, data.n_samples, env.max_completion_tokens)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=240,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path / "lib")})
+    assert out.returncode == 0, out.stderr
+    module, configs, dataset, n, budget = out.stdout.split()
+    assert module.startswith(str(tmp_path / "lib")) and configs == str(tmp_path / "lib" / "retool_env" / "configs")
+    assert (dataset, n, budget) == ("arith", "16", "90000")
