@@ -513,8 +513,9 @@ def render_arms_report(results: dict[str, Any], config: dict[str, Any] | None = 
     if config:
         lines += [f"Model `{config.get('model')}` ({config.get('backend')}), {n} samples per problem, tool format "
                   f"`{config.get('tool_format')}`; the no-tool arm has no tool in its prompt (prompt "
-                  f"`{config.get('no_tool_prompt', NO_TOOL_PROMPT)}`) and no call allowed. Same problems, same n and "
-                  "sampling seeds in both arms.", ""]
+                  f"`{config.get('no_tool_prompt', NO_TOOL_PROMPT)}`) and no call allowed. Both arms: the same "
+                  f"problems, n, sampling (temperature {config.get('temperature')}, top_p {config.get('top_p')}) and "
+                  f"seed ({config.get('seed')}; unseeded when none).", ""]
     protocol = config.get("protocol")
     if protocol:
         lines += [f"Protocol `{protocol['name']}`: {protocol['source']}", ""]
@@ -573,8 +574,9 @@ def plot_arms(results: dict[str, Any], path: str | Path) -> None:
         cis = [results[name][arm][f"mean@{n}_ci95"] or [v, v] for name, v in zip(names, values, strict=True)]
         errors = [[v - lo for v, (lo, _) in zip(values, cis, strict=True)],
                   [hi - v for v, (_, hi) in zip(values, cis, strict=True)]]
-        ax.bar([i + j * width for i in range(len(names))], values, width, yerr=errors, capsize=3,
-               label=arm.replace("_", " "))
+        bars = ax.bar([i + j * width for i in range(len(names))], values, width, yerr=errors, capsize=3,
+                      label=arm.replace("_", " "))
+        ax.bar_label(bars, fmt="%.2f", padding=2, fontsize=8)
     ax.set_xticks([i + width * (len(arms) - 1) / 2 for i in range(len(names))], names, rotation=30, ha="right")
     ax.set_ylim(0, 1)
     ax.set_ylabel(f"mean@{n} (95% bootstrap CI)")
