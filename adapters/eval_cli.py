@@ -73,7 +73,8 @@ class DataArguments:
     split: str | None = field(default=None, metadata={"help": "Split (arith: train or test); default: the "
                                                               "dataset's evaluation split."})
     limit: int | None = field(default=None, metadata={"help": "Evaluate at most this many problems."})
-    levels: list[str] | None = field(default=None, metadata={"help": "Keep only problems of these levels."})
+    levels: list[str] | None = field(default=None, metadata={
+        "help": "Keep only problems of these levels (of benchmarks that have levels; AMO-Bench's are answer types)."})
     n_samples: int = field(default=32, metadata={"help": "Samples per problem (n of mean@n and pass@k)."})
     ks: list[int] | None = field(default=None, metadata={"help": "k values of pass@k and maj@k; default: powers of "
                                                                  "two up to n_samples, and n_samples."})
@@ -253,7 +254,9 @@ def load_benchmarks(data_args: DataArguments) -> dict[str, list[Any]]:
             problems = arith_split(data_args.split or "test", data_args.limit, data_args.levels)
         else:
             problems = load_problems(name, split=data_args.split)
-            problems = [p for p in problems if not data_args.levels or p.level in data_args.levels][:data_args.limit]
+            if data_args.levels and any(p.level is not None for p in problems):  # a benchmark without levels: all
+                problems = [p for p in problems if p.level in data_args.levels]
+            problems = problems[:data_args.limit]
         if not problems:
             raise UsageError(f"--dataset {name}: no problems (split {data_args.split}, levels {data_args.levels}, "
                              f"limit {data_args.limit})")

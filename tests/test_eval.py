@@ -166,7 +166,7 @@ def test_main_runs_the_command_line_path(tiny_model, tmp_path):
     arm = tmp_path / "arith" / "tool"
     assert {p.name for p in arm.iterdir()} >= {"per_problem.jsonl", "report.md", "metrics.json", "accuracy.png"}
     config = json.loads((arm / "metrics.json").read_text())["config"]
-    assert (config["dataset"], config["split"], config["max_completion_tokens"]) == ("arith", "test", 32)
+    assert (config["dataset"], config["split"], config["max_completion_tokens"]) == ("arith", None, 32)  # arith: test
     assert config["protocol"] is None and (tmp_path / "report.md").exists()
 
 
@@ -380,3 +380,15 @@ def test_an_installed_copy_finds_its_default_config_and_protocols(tmp_path):
     module, configs, dataset, n, budget = out.stdout.split()
     assert module.startswith(str(tmp_path / "lib")) and configs == str(tmp_path / "lib" / "retool_env" / "configs")
     assert (dataset, n, budget) == ("arith", "16", "90000")
+
+
+def test_several_benchmarks_in_one_run_and_levels_only_where_a_benchmark_has_them():
+    from retool_adapters import eval_cli
+
+    fixtures = ROOT / "tests" / "fixtures" / "data"
+    _, data, _, _ = eval_cli.parse_args(["--dataset", f"{fixtures / 'matharena' / 'aime_2026'},{fixtures / 'amo_bench'}",
+                                         "--levels", "number", "set", "variable", "--limit", "2"])
+    benchmarks = eval_cli.load_benchmarks(data)
+    assert list(benchmarks) == ["aime_2026", "amo_bench"]
+    assert [p.id for p in benchmarks["aime_2026"]] == ["aime26-1", "aime26-2"]  # no levels: not filtered
+    assert [p.level for p in benchmarks["amo_bench"]] == ["number", "set"]  # AMO-Bench-P, then the limit
