@@ -1,35 +1,42 @@
-"""`retool-env eval` and `training/eval.py`: evaluate a tool-using math model with ReTool-Env (mean@n, pass@k, maj@k,
-tool statistics, per level). The evaluation itself is `retool_env.evaluation`; this module picks the generation
-backend and reads the arguments.
+"""`retool-env eval` and `training/eval.py`: evaluate a tool-using math model with ReTool-Env, with and without the
+tool (mean@n with 95% intervals, pass@k, maj@k, tool statistics, parse failures, per level). The evaluation itself is
+`retool_env.evaluation`; this module picks the generation backend, the protocol and reads the arguments.
 
 Every sample is one episode of `ToolEnvironment`, played by `retool_env.rollout.run_episodes` against a generation
 backend from `retool_adapters.generators`: Hugging Face `generate` (`hf`), an in-process vLLM engine (`vllm`) or an
 OpenAI-compatible completions server taking token-id prompts (`openai`: vLLM or SGLang serving the model).
 
-    # Offline CPU smoke run: a tiny random Qwen2 on procedural problems (training/configs/eval_tiny_cpu.yaml, the
-    # default config); every flag applies on top of it
+    # Offline CPU smoke run: a tiny random Qwen2 on procedural problems (retool_env/configs/eval_tiny_cpu.yaml, the
+    # default config, packaged); every flag applies on top of it
     retool-env eval --limit 2        # or: python training/eval.py --limit 2
 
-    # The paper's protocol on AIME 2024: 32 samples per problem, T=1.0, top-p 0.7, up to 16384 tokens, vLLM
-    python training/eval.py --config training/configs/eval_qwen3_4b_aime24.yaml --model runs/sft-qwen3-4b-retool
+    # A published protocol (paper, verl, matharena, aster; retool_env/configs/protocols/) on 2026 benchmarks
+    retool-env eval --protocol aster --model runs/grpo --backend vllm --dataset aime26,hmmt_feb25,beyondaime
 
-Writes `<out>/per_problem.jsonl`, `<out>/report.md`, `<out>/metrics.json` and `<out>/accuracy.png`. From Python,
-`retool_env.evaluation.evaluate(problems, generator, tokenizer, ...)` returns the metrics dict (and writes the same
-files when given `out`); the metrics are described there.
+Writes, for each benchmark and arm, `<out>/<benchmark>/<arm>/{per_problem.jsonl,report.md,metrics.json,accuracy.png}`,
+and `<out>/report.md` (both arms side by side), `<out>/metrics.json` and `<out>/arms.png`. From Python,
+`retool_env.evaluation.evaluate_arms(...)` (both arms) and `evaluate(...)` (one) return the metrics.
 
-Arguments come from four dataclasses, read from a YAML file (`--config`, default: the CPU smoke config) and the
-command line, which wins: `ModelArguments`, `DataArguments`, `EnvArguments` (`retool_env.EnvConfig` plus
-concurrency) and `OutputArguments`.
+Arguments come from four dataclasses, read from a YAML file (`--config`, default: the CPU smoke config), then a
+protocol preset (`--protocol`: its fields replace the file's), then the command line, which wins (and is recorded in
+the report as set on top of the protocol): `ModelArguments`, `DataArguments`, `EnvArguments` (`retool_env.EnvConfig`
+plus concurrency and the arms) and `OutputArguments`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 from retool_env.config import EnvConfig
+from retool_env.evaluation import ARMS, NO_TOOL_PROMPT
+
+# Packaged with retool_env (package-data), so an installed copy finds them too.
+EVAL_CONFIGS = Path(str(files("retool_env") / "configs"))
+PROTOCOLS = ("paper", "verl", "matharena", "aster")
 
 
 @dataclass
@@ -57,11 +64,17 @@ class DataArguments:
     """Which problems, and how many samples of each."""
 
     dataset: str = field(default="aime24", metadata={
-        "help": "aime24, aime25, math500, arith (procedural), dapo, a local parquet/jsonl file, or a Hub id."})
+        "help": "One benchmark or several, comma-separated: aime24, aime25, aime26, hmmt_feb25, hmmt_nov25, "
+                "hmmt_feb26, brumo25, cmimc25, beyondaime, amobench, math500, arith (procedural), a local "
+                "parquet/jsonl file or folder, or a Hub id."})
+    protocol: str | None = field(default=None, metadata={
+        "help": f"A published evaluation protocol ({', '.join(PROTOCOLS)}; retool_env/configs/protocols/): its "
+                "samples, sampling and budgets replace the config file's; flags still win, and are recorded."})
     split: str | None = field(default=None, metadata={"help": "Split (arith: train or test); default: the "
                                                               "dataset's evaluation split."})
     limit: int | None = field(default=None, metadata={"help": "Evaluate at most this many problems."})
-    levels: list[str] | None = field(default=None, metadata={"help": "Keep only problems of these levels."})
+    levels: list[str] | None = field(default=None, metadata={
+        "help": "Keep only problems of these levels (of benchmarks that have levels; AMO-Bench's are answer types)."})
     n_samples: int = field(default=32, metadata={"help": "Samples per problem (n of mean@n and pass@k)."})
     ks: list[int] | None = field(default=None, metadata={"help": "k values of pass@k and maj@k; default: powers of "
                                                                  "two up to n_samples, and n_samples."})
@@ -79,6 +92,11 @@ class EnvArguments(EnvConfig):
 
     concurrency: int = field(default=64, metadata={"help": "Episodes in flight at once."})
     episode_timeout: float | None = field(default=None, metadata={"help": "Seconds an episode may take."})
+    arms: list[str] = field(default_factory=lambda: list(ARMS), metadata={
+        "help": "tool (the environment as configured), no_tool (no tool in the prompt, no call allowed), or both: "
+                "the same problems, n and seeds in each."})
+    no_tool_prompt: str = field(default=NO_TOOL_PROMPT, metadata={
+        "help": "Prompt of the no-tool arm (plain: the problem and 'Put your final answer in \\boxed{}.'; dapo)."})
 
 
 @dataclass
@@ -90,19 +108,90 @@ class OutputArguments:
     progress: bool = field(default=True, metadata={"help": "Show a progress bar."})
 
 
-def make_parser():
-    from retool_adapters.scripts import CONFIGS, ScriptParser
+def load_protocol(name: str) -> tuple[str, dict[str, Any]]:
+    """A protocol preset: where it comes from (`source`) and the argument values it sets."""
+    import yaml
 
-    return ScriptParser((ModelArguments, DataArguments, EnvArguments, OutputArguments),
-                        default_config=CONFIGS / "eval_tiny_cpu.yaml", prog="retool-env eval",
-                        description="Evaluate a tool-using math model with ReTool-Env: mean@n, pass@k, maj@k and tool "
-                                    "use, per level. Without --config: the offline CPU smoke run.")
+    from retool_adapters.scripts import UsageError
+
+    if name not in PROTOCOLS:
+        raise UsageError(f"--protocol {name}: unknown protocol; choose one of {', '.join(PROTOCOLS)}")
+    preset = yaml.safe_load((EVAL_CONFIGS / "protocols" / f"{name}.yaml").read_text(encoding="utf-8"))
+    return preset.pop("source"), preset
+
+
+def _flags(argv: Iterable[str], names: set[str]) -> set[str]:
+    """The argument names given on the command line (`--name value`, `--name=value`, `--no_name`)."""
+    given = set()
+    for token in argv:
+        if token.startswith("--"):
+            name = token[2:].split("=")[0]
+            given.add(name[3:] if name.startswith("no_") and name[3:] in names else name)
+    return given & names
+
+
+def apply_protocol(parsed: tuple[Any, ...], argv: Sequence[str]) -> dict[str, Any] | None:
+    """Set the protocol's values on the parsed dataclasses, except where a flag set one; return the record the report
+    shows (name, source, preset, and every value the command line set on top)."""
+    from retool_adapters.scripts import UsageError
+
+    data_args = parsed[1]
+    owners = {f.name: args for args in parsed for f in fields(args)}
+    given = _flags(argv, set(owners))
+    if data_args.protocol is None:
+        return None
+    source, preset = load_protocol(data_args.protocol)
+    for name, value in preset.items():
+        if name not in owners:
+            raise UsageError(f"protocol {data_args.protocol}: {name!r} is not an argument of the evaluation")
+        if name not in given:
+            setattr(owners[name], name, value)
+    if "n_samples" in given and "ks" not in given:  # the preset's k values belong to its own n
+        data_args.ks = sorted({k for k in preset.get("ks", []) if k <= data_args.n_samples} | {data_args.n_samples})
+    on_top = {name: getattr(owners[name], name) for name in sorted(given - {"config", "protocol"})}
+    return {"name": data_args.protocol, "source": source, "preset": preset, "set_on_top": on_top}
+
+
+class EvalParser:
+    """The evaluation's `ScriptParser` with `--protocol` applied after the config file and before the flags; the
+    record of what was applied is kept on `DataArguments` as `protocol_record`."""
+
+    def __init__(self, parser: Any) -> None:
+        self.parser = parser
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.parser, name)
+
+    def parse_args_and_config(self, args: Iterable[str] | None = None, **kwargs: Any) -> tuple[Any, ...]:
+        import sys
+
+        from retool_adapters.scripts import UsageError
+
+        argv = list(sys.argv[1:] if args is None else args)
+        parsed = self.parser.parse_args_and_config(argv, **kwargs)
+        try:
+            parsed[1].protocol_record = apply_protocol(parsed, argv)
+        except UsageError as exc:
+            self.parser.error(str(exc))
+        return parsed
+
+
+def make_parser() -> EvalParser:
+    from retool_adapters.scripts import ScriptParser
+
+    return EvalParser(ScriptParser(
+        (ModelArguments, DataArguments, EnvArguments, OutputArguments),
+        default_config=EVAL_CONFIGS / "eval_tiny_cpu.yaml", prog="retool-env eval",
+        description="Evaluate a tool-using math model with ReTool-Env, with and without the tool: mean@n with 95% "
+                    "intervals, pass@k, maj@k, tool use and parse failures, per benchmark and level. --protocol "
+                    f"{'|'.join(PROTOCOLS)} applies a published protocol. Without --config: the offline CPU smoke "
+                    "run."))
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[ModelArguments, DataArguments, EnvArguments,
                                                            OutputArguments]:
-    """The four argument dataclasses from `--config file.yaml` (default: the CPU smoke config) and the command line,
-    which wins."""
+    """The four argument dataclasses from `--config file.yaml` (default: the CPU smoke config), then `--protocol`,
+    then the command line, which wins."""
     return make_parser().parse_args_and_config(argv)  # type: ignore[return-value]
 
 
@@ -154,33 +243,55 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     return run(evaluate_from_args, make_parser(), argv)
 
 
-def evaluate_from_args(model_args: ModelArguments, data_args: DataArguments, env_args: EnvArguments,
-                       output_args: OutputArguments) -> dict[str, Any]:
-    """Load the problems and the backend, play, score, write the report."""
+def load_benchmarks(data_args: DataArguments) -> dict[str, list[Any]]:
+    """Each benchmark's problems (procedural ones from their held-out test split unless told otherwise)."""
     from retool_adapters.scripts import UsageError
     from retool_env.data import arith_split, load_problems
-    from retool_env.evaluation import evaluate
+
+    benchmarks = {}
+    for name in (n.strip() for n in data_args.dataset.split(",") if n.strip()):
+        if name == "arith":
+            problems = arith_split(data_args.split or "test", data_args.limit, data_args.levels)
+        else:
+            problems = load_problems(name, split=data_args.split)
+            if data_args.levels and any(p.level is not None for p in problems):  # a benchmark without levels: all
+                problems = [p for p in problems if p.level in data_args.levels]
+            problems = problems[:data_args.limit]
+        if not problems:
+            raise UsageError(f"--dataset {name}: no problems (split {data_args.split}, levels {data_args.levels}, "
+                             f"limit {data_args.limit})")
+        benchmarks[Path(name).name if Path(name).exists() else name] = problems
+    if not benchmarks:
+        raise UsageError("--dataset: name at least one benchmark")
+    return benchmarks
+
+
+def evaluate_from_args(model_args: ModelArguments, data_args: DataArguments, env_args: EnvArguments,
+                       output_args: OutputArguments) -> dict[str, Any]:
+    """Load the benchmarks and the backend, play both arms, score, write the reports."""
+    from retool_adapters.scripts import UsageError
+    from retool_env.evaluation import evaluate_arms
     from retool_env.rollout import SamplingParams
 
-    # 1. The problems (procedural ones from their held-out test split unless told otherwise).
-    if data_args.dataset == "arith":
-        problems = arith_split(data_args.split or "test", data_args.limit, data_args.levels)
-    else:
-        problems = load_problems(data_args.dataset, split=data_args.split)
-        problems = [p for p in problems if not data_args.levels or p.level in data_args.levels][:data_args.limit]
-    if not problems:
-        raise UsageError(f"--dataset {data_args.dataset}: no problems (split {data_args.split}, levels "
-                         f"{data_args.levels}, limit {data_args.limit})")
+    if not env_args.arms or set(env_args.arms) - set(ARMS):
+        raise UsageError(f"--arms {' '.join(env_args.arms)}: choose tool, no_tool or both")
+
+    # 1. The problems of every benchmark.
+    benchmarks = load_benchmarks(data_args)
 
     # 2. The backend.
     random_model = model_args.model is None and model_args.backend == "hf"
     generator, tokenizer = load_generator(model_args, output_args.out)
 
-    # 3. Play and score: n samples of each problem, every one a full episode with the interpreter.
+    # 3. Play and score each arm: n samples of each problem, every one a full episode (with the interpreter, or
+    #    without any tool), the same problems and sampling seeds in both.
+    protocol = getattr(data_args, "protocol_record", None)
     config = {**asdict(model_args), **asdict(data_args), **asdict(env_args), **asdict(output_args),
-              "num_problems": len(problems)}
-    metrics = evaluate(
-        problems, generator, tokenizer,
+              "num_problems": {name: len(problems) for name, problems in benchmarks.items()}, "protocol": protocol}
+    results = evaluate_arms(
+        benchmarks, generator, tokenizer,
+        arms=env_args.arms,
+        no_tool_prompt=env_args.no_tool_prompt,
         n_samples=data_args.n_samples,
         ks=data_args.ks,
         sampling=SamplingParams(temperature=data_args.temperature, top_p=data_args.top_p, top_k=data_args.top_k,
@@ -193,12 +304,15 @@ def evaluate_from_args(model_args: ModelArguments, data_args: DataArguments, env
         config=config,
         **env_args,
     )
-    n, k = data_args.n_samples, metrics["ks"][-1]
-    print(f"{metrics['num_problems']} problems x {n}: mean@{n} {metrics[f'mean@{n}']:.3f}, pass@{k} "
-          f"{metrics[f'pass@{k}']:.3f}, maj@{k} {metrics[f'maj@{k}']:.3f}, code ratio "
-          f"{metrics['tools']['code_ratio']}; report: {Path(output_args.out) / 'report.md'}")
+    n = data_args.n_samples
+    for name, arms in results.items():
+        for arm in (a for a in ARMS if a in arms):
+            m, k = arms[arm], arms[arm]["ks"][-1]
+            print(f"{name} [{arm}] {m['num_problems']} problems x {n}: mean@{n} {m[f'mean@{n}']:.3f} "
+                  f"(95% CI {m[f'mean@{n}_ci95']}), pass@{k} {m[f'pass@{k}']:.3f}, maj@{k} {m[f'maj@{k}']:.3f}, "
+                  f"code ratio {m['tools']['code_ratio']}, parse failures {m['parse_failure_rate']}")
+    print(f"report: {Path(output_args.out) / 'report.md'}")
     if random_model:
         print("(a smoke run: the model is a tiny random one, so zero accuracy is expected; pass --model to evaluate "
               "a real checkpoint)")
-    return metrics
-
+    return results

@@ -207,8 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "fail when any layer is missing; none: measure whatever this machine allows")
     doctor.set_defaults(func=_doctor)
 
-    evaluate = commands.add_parser("eval", help="evaluate a model (retool_adapters.eval_cli; --help for its options)",
-                                   add_help=False)
+    evaluate = commands.add_parser("eval", add_help=False, help="evaluate a model with and without the tool, under a "
+                                   "published protocol (retool_adapters.eval_cli; --help for its options)")
     evaluate.add_argument("eval_args", nargs=argparse.REMAINDER, help="arguments of the evaluation")
     evaluate.set_defaults(func=lambda args: _eval(args.eval_args))
     return parser

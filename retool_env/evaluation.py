@@ -12,8 +12,15 @@ is the accuracy of the majority answer among the first k samples, answers groupe
 normalisation and equivalence; `mean@n_stderr` is the standard error of `mean@n` over problems (the spread of
 per-problem accuracy over the square root of the number of problems): the uncertainty of `mean@n` as an estimate of
 accuracy on problems like these. An aborted episode (a backend failure) counts as a wrong sample and is reported.
-Tool use comes from `Trajectory.tool_stats` (see `tool_use`). With `out`, the evaluation writes
-`per_problem.jsonl`, `metrics.json`, `report.md` and `accuracy.png` (matplotlib, imported only then).
+`mean@n_ci95` is a 95% interval of `mean@n` from a problem-level bootstrap (problems resampled with replacement,
+their per-problem accuracies averaged; `bootstrap_ci`), and `parse_failure_rate` the share of responses in which the
+grader found no final answer. Tool use comes from `Trajectory.tool_stats` (see `tool_use`). With `out`, the
+evaluation writes `per_problem.jsonl`, `metrics.json`, `report.md` and `accuracy.png` (matplotlib, imported only then).
+
+`evaluate_arms` plays the same problems with the same samples (n, seeds) twice: the `tool` arm as configured, and the
+`no_tool` arm with the tools taken away (no tool in the prompt, `max_tool_calls=0`), because turning tools on can
+change a thinking model's accuracy even when it barely calls them (TRICE, arXiv 2605.06326). It reports both side by
+side with the paired tool-minus-no-tool difference and its bootstrap interval (`report.md`, `arms.png`).
 """
 
 from __future__ import annotations
@@ -29,8 +36,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from retool_env.chat import with_chat_template
 from retool_env.data import LEVELS
 from retool_env.env import make_env_factory
+from retool_env.formats import ToolFormat, format_class
 from retool_env.grading import is_equivalent, normalize_answer
 from retool_env.rollout import SamplingParams, run_episodes
 from retool_env.trajectory import NOT_RUN, ToolCallRecord, ToolStats, ToolStatus, Trajectory
@@ -75,7 +84,8 @@ def tool_use(trajectories: Sequence[Trajectory]) -> dict[str, float | None]:
 
     `code_ratio`: responses with an executed call; `tool_calls_per_response`: executed calls per response;
     `tool_error_rate` and `tool_timeout_rate`: `ToolStats.errors` and `.timeouts` over executed calls (a timeout is
-    not an error here); `invalid_call_rate`: invalid calls over every call written.
+    not an error here); `invalid_call_rate`: invalid calls over every call written; `call_attempt_rate`: responses
+    that wrote any call, run or not (in the no-tool arm: calls to a tool the prompt never offered).
     """
     done = [t for t in trajectories if not t.aborted]
     stats = [t.tool_stats() for t in done]
@@ -93,6 +103,7 @@ def tool_use(trajectories: Sequence[Trajectory]) -> dict[str, float | None]:
         "tool_error_rate": share(total.errors, total.executed),
         "tool_timeout_rate": share(total.timeouts, total.executed),
         "invalid_call_rate": share(total.invalid, total.calls),
+        "call_attempt_rate": share(sum(bool(s.calls) for s in stats), len(done)),
         "accuracy_with_tool": share(sum(bool(t.correct) for t in with_tool), len(with_tool)),
         "accuracy_without_tool": share(sum(bool(t.correct) for t in without_tool), len(without_tool)),
     }
@@ -181,6 +192,30 @@ def _stderr(values: Sequence[float]) -> float | None:
     return statistics.stdev(values) / math.sqrt(len(values)) if len(values) >= 2 else None
 
 
+BOOTSTRAP_RESAMPLES = 2000
+
+
+def bootstrap_ci(values: Sequence[float], *, level: float = 0.95, resamples: int = BOOTSTRAP_RESAMPLES,
+                 seed: int = 0) -> list[float] | None:
+    """Percentile bootstrap interval of the mean of per-problem values (problems resampled with replacement): the
+    uncertainty of a benchmark score over problems like these. Seeded, so a report is reproducible; None below two
+    values."""
+    import numpy as np
+
+    if len(values) < 2:
+        return None
+    data = np.asarray(values, dtype=float)
+    means = data[np.random.default_rng(seed).integers(0, len(data), (resamples, len(data)))].mean(axis=1)
+    low, high = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return [float(low), float(high)]
+
+
+def _parse_failure_rate(trajectories: Sequence[Trajectory]) -> float | None:
+    """Responses (aborted episodes excluded) in which the grader found no final answer."""
+    done = [t for t in trajectories if not t.aborted]
+    return sum(t.pred is None for t in done) / len(done) if done else None
+
+
 def _summary(groups: Sequence[tuple[Any, list[Any]]], n: int, ks: Sequence[int]) -> dict[str, Any]:
     """mean@n, pass@k, maj@k, rewards, lengths and tool statistics over (problem, its n trajectories) groups."""
     trajectories = [t for _, group in groups for t in group]
@@ -188,6 +223,7 @@ def _summary(groups: Sequence[tuple[Any, list[Any]]], n: int, ks: Sequence[int])
     correct = [[bool(t.correct) for t in group] for _, group in groups]
     summary[f"mean@{n}"] = sum(sum(c) / n for c in correct) / len(groups) if groups else 0.0
     summary[f"mean@{n}_stderr"] = _stderr([sum(c) / n for c in correct])
+    summary[f"mean@{n}_ci95"] = bootstrap_ci([sum(c) / n for c in correct])
     for k in ks:
         summary[f"pass@{k}"] = sum(pass_at_k(n, sum(c), k) for c in correct) / len(groups) if groups else 0.0
     for k in ks:
@@ -201,6 +237,7 @@ def _summary(groups: Sequence[tuple[Any, list[Any]]], n: int, ks: Sequence[int])
     summary["mean_completion_tokens"] = sum(len(t.completion_ids) for t in done) / len(done) if done else None
     summary["truncation_rate"] = sum(t.truncated for t in done) / len(done) if done else None
     summary["aborted"] = len(trajectories) - len(done)
+    summary["parse_failure_rate"] = _parse_failure_rate(trajectories)
     summary["finish_reasons"] = dict(Counter(t.finish_reason.split(":")[0] for t in trajectories))
     summary["tools"] = tool_use(trajectories)
     summary["self_correction"] = self_correction(trajectories)
@@ -217,7 +254,8 @@ def compute_metrics(problems: Sequence[Any], trajectories: Sequence[Any], n_samp
     if ks[0] < 1 or ks[-1] > n_samples:
         raise ValueError(f"every k must lie in 1..n_samples={n_samples}, got {ks}")
     groups = [(p, list(trajectories[i * n_samples:(i + 1) * n_samples])) for i, p in enumerate(problems)]
-    metrics = {"n_samples": n_samples, "ks": ks, **_summary(groups, n_samples, ks)}
+    metrics = {"n_samples": n_samples, "ks": ks, **_summary(groups, n_samples, ks),
+               "per_problem_accuracy": [sum(bool(t.correct) for t in group) / n_samples for _, group in groups]}
     by_level: dict[str, list] = defaultdict(list)
     for problem, group in groups:
         if problem.level is not None:
@@ -265,6 +303,10 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def _fmt_ci(ci: Sequence[float] | None) -> str:
+    return "-" if ci is None else f"[{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
 def render_report(metrics: dict[str, Any], config: dict[str, Any] | None = None) -> str:
     """The markdown report: headline accuracy, per-level table, tool statistics and the run's settings."""
     n, ks = metrics["n_samples"], metrics["ks"]
@@ -275,7 +317,8 @@ def render_report(metrics: dict[str, Any], config: dict[str, Any] | None = None)
                   f"{metrics['num_problems']} problems x {n} samples, tool format `{config.get('tool_format')}`.", ""]
     lines += ["## Accuracy", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
               "| " + " | ".join(_fmt(metrics[c]) for c in columns) + " |", "",
-              f"Standard error of mean@{n} over problems: {_fmt(metrics[f'mean@{n}_stderr'])}.", ""]
+              f"Standard error of mean@{n} over problems: {_fmt(metrics[f'mean@{n}_stderr'])}; 95% bootstrap interval: "
+              f"{_fmt_ci(metrics[f'mean@{n}_ci95'])}; parse failures: {_fmt(metrics['parse_failure_rate'])}.", ""]
     if metrics["by_level"]:
         header = ["level", "problems", *columns, "code ratio", "calls/response"]
         lines += ["## By level", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -376,3 +419,180 @@ def evaluate(problems: Sequence[Any], generator: Any, tokenizer: Any, **kwargs: 
     (tool_format, prompt, reward, sandbox, budgets).
     """
     return asyncio.run(aevaluate(problems, generator, tokenizer, **kwargs))
+
+
+# --- two arms: the same model with and without the tool -----------------------------------------------------------
+
+ARMS = ("tool", "no_tool")
+NO_TOOL_PROMPT = "plain"  # the problem and "Put your final answer in \boxed{}.": no word about code or tools
+
+
+def without_tools(tool_format: str | ToolFormat, tokenizer: Any) -> ToolFormat:
+    """The arm's tool format with its tools taken away: the prompt advertises none, the parser stays the same, so a
+    call the model writes anyway is recorded (and, with `max_tool_calls=0`, ends the episode unrun)."""
+    base = type(tool_format) if isinstance(tool_format, ToolFormat) else format_class(tool_format)
+
+    class NoTools(base):  # type: ignore[misc, valid-type]
+        @property
+        def tools(self) -> None:
+            return None
+
+    NoTools.__name__ = NoTools.__qualname__ = f"{base.__name__}WithoutTools"
+    return NoTools(tokenizer)
+
+
+def arm_env_kwargs(arm: str, tokenizer: Any, env_kwargs: dict[str, Any],
+                   no_tool_prompt: str = NO_TOOL_PROMPT) -> dict[str, Any]:
+    """`ToolEnvironment` arguments of one arm: `tool` as given; `no_tool` with no tool in the prompt (the format's
+    tools removed, `no_tool_prompt` in place of a prompt that describes the interpreter) and no call allowed."""
+    if arm == "tool":
+        return dict(env_kwargs)
+    if arm != "no_tool":
+        raise ValueError(f"unknown arm {arm!r}; choose from {ARMS}")
+    chat_tokenizer = with_chat_template(tokenizer, env_kwargs.get("chat_template"))
+    return {**env_kwargs, "tool_format": without_tools(env_kwargs.get("tool_format", "hermes"), chat_tokenizer),
+            "prompt": no_tool_prompt, "max_tool_calls": 0}
+
+
+def arm_difference(tool: dict[str, Any], no_tool: dict[str, Any]) -> dict[str, Any]:
+    """Tool minus no tool on the same problems: mean@n and its paired bootstrap interval (the per-problem
+    differences resampled together, so problem difficulty cancels)."""
+    n = tool["n_samples"]
+    diffs = [a - b for a, b in zip(tool["per_problem_accuracy"], no_tool["per_problem_accuracy"], strict=True)]
+    return {f"mean@{n}": tool[f"mean@{n}"] - no_tool[f"mean@{n}"], f"mean@{n}_ci95": bootstrap_ci(diffs),
+            "problems_better_with_tool": sum(d > 0 for d in diffs), "problems_better_without_tool": sum(d < 0 for d in diffs)}
+
+
+async def aevaluate_arms(benchmarks: dict[str, Sequence[Any]], generator: Any, tokenizer: Any, *,
+                         arms: Sequence[str] = ARMS, no_tool_prompt: str = NO_TOOL_PROMPT,
+                         out: str | Path | None = None, config: dict[str, Any] | None = None,
+                         **kwargs: Any) -> dict[str, Any]:
+    """`evaluate_arms` for a running event loop."""
+    results: dict[str, Any] = {}
+    env_kwargs = {k: v for k, v in kwargs.items() if k not in _RUN_OPTIONS}
+    run_options = {k: v for k, v in kwargs.items() if k in _RUN_OPTIONS}
+    for name, problems in benchmarks.items():
+        results[name] = {}
+        for arm in arms:
+            arm_out = None if out is None else Path(out) / name / arm
+            arm_config = {**(config or {}), "benchmark": name, "arm": arm}
+            results[name][arm] = await aevaluate(problems, generator, tokenizer, out=arm_out, config=arm_config,
+                                                 **run_options, **arm_env_kwargs(arm, tokenizer, env_kwargs,
+                                                                                 no_tool_prompt))
+        if {"tool", "no_tool"} <= set(arms):
+            results[name]["difference"] = arm_difference(results[name]["tool"], results[name]["no_tool"])
+    if out is not None:
+        write_arms_outputs(out, results, config)
+    return results
+
+
+_RUN_OPTIONS = frozenset({"n_samples", "ks", "sampling", "concurrency", "episode_timeout", "progress",
+                          "save_responses"})
+
+
+def evaluate_arms(benchmarks: dict[str, Sequence[Any]], generator: Any, tokenizer: Any,
+                  **kwargs: Any) -> dict[str, Any]:
+    """Evaluate every benchmark (a name -> problems mapping) in the tool and the no-tool arm, with the same problems,
+    n and sampling seeds, and return `{benchmark: {"tool": metrics, "no_tool": metrics, "difference": ...}}`.
+
+    Keyword arguments: those of `evaluate` (n_samples, ks, sampling, concurrency, ..., and `ToolEnvironment`
+    arguments for the tool arm), `arms` (default both), `no_tool_prompt` (default "plain") and `out`: then each arm
+    writes its own outputs under `out/<benchmark>/<arm>/`, and `out` gets `report.md` (the arms side by side),
+    `metrics.json` and `arms.png`.
+    """
+    return asyncio.run(aevaluate_arms(benchmarks, generator, tokenizer, **kwargs))
+
+
+def render_arms_report(results: dict[str, Any], config: dict[str, Any] | None = None) -> str:
+    """The two-arm markdown report: accuracy with 95% intervals, the difference, tool use, the protocol."""
+    config = config or {}
+    first = next(iter(next(iter(results.values())).values()))
+    n, ks = first["n_samples"], first["ks"]
+    k = ks[-1]
+    lines = ["# ReTool-Env evaluation: with and without the tool", ""]
+    if config:
+        lines += [f"Model `{config.get('model')}` ({config.get('backend')}), {n} samples per problem, tool format "
+                  f"`{config.get('tool_format')}`; the no-tool arm has no tool in its prompt (prompt "
+                  f"`{config.get('no_tool_prompt', NO_TOOL_PROMPT)}`) and no call allowed. Both arms: the same "
+                  f"problems, n, sampling (temperature {config.get('temperature')}, top_p {config.get('top_p')}) and "
+                  f"seed ({config.get('seed')}; unseeded when none).", ""]
+    protocol = config.get("protocol")
+    if protocol:
+        lines += [f"Protocol `{protocol['name']}`: {protocol['source']}", ""]
+        if protocol.get("set_on_top"):
+            lines += ["Set on top of the protocol (command line): " + ", ".join(
+                f"`{name}={value}`" + (f" (protocol: `{protocol['preset'][name]}`)" if name in protocol["preset"]
+                                       else "") for name, value in protocol["set_on_top"].items()) + ".", ""]
+    header = ["benchmark", "arm", "problems", f"mean@{n} [95% CI]", f"pass@{k}", f"maj@{k}", "parse failures",
+              "truncated"]
+    lines += ["## Accuracy", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name, arms in results.items():
+        for arm, m in ((a, m) for a, m in arms.items() if a in ARMS):
+            cells = [name, arm, m["num_problems"], f"{_fmt(m[f'mean@{n}'])} {_fmt_ci(m[f'mean@{n}_ci95'])}",
+                     m[f"pass@{k}"], m[f"maj@{k}"], m["parse_failure_rate"], m["truncation_rate"]]
+            lines.append("| " + " | ".join(_fmt(c) for c in cells) + " |")
+    diffs = {name: arms["difference"] for name, arms in results.items() if "difference" in arms}
+    if diffs:
+        lines += ["", "## Tool minus no tool (paired over problems)", "",
+                  f"| benchmark | mean@{n} difference [95% CI] | problems better with tool | better without |",
+                  "|---|---|---|---|"]
+        for name, d in diffs.items():
+            lines.append(f"| {name} | {_fmt(d[f'mean@{n}'])} {_fmt_ci(d[f'mean@{n}_ci95'])} | "
+                         f"{d['problems_better_with_tool']} | {d['problems_better_without_tool']} |")
+    columns = ["code_ratio", "tool_calls_per_response", "call_attempt_rate", "tool_error_rate", "tool_timeout_rate",
+               "invalid_call_rate", "accuracy_with_tool", "accuracy_without_tool"]
+    lines += ["", "## Tool use", "", "| benchmark | arm | " + " | ".join(columns) + " |",
+              "|---|---|" + "---|" * len(columns)]
+    for name, arms in results.items():
+        for arm, m in ((a, m) for a, m in arms.items() if a in ARMS):
+            lines.append(f"| {name} | {arm} | " + " | ".join(_fmt(m["tools"][c]) for c in columns) + " |")
+    more = [f"pass@{j}" for j in ks] + [f"maj@{j}" for j in ks]
+    lines += ["", "## pass@k and maj@k", "", "| benchmark | arm | " + " | ".join(more) + " |",
+              "|---|---|" + "---|" * len(more)]
+    for name, arms in results.items():
+        for arm, m in ((a, m) for a, m in arms.items() if a in ARMS):
+            lines.append(f"| {name} | {arm} | " + " | ".join(_fmt(m[c]) for c in more) + " |")
+    if config:
+        lines += ["", "## Settings", "", "```json", json.dumps(config, indent=2, default=str), "```"]
+    return "\n".join(lines) + "\n"
+
+
+def plot_arms(results: dict[str, Any], path: str | Path) -> None:
+    """mean@n per benchmark, one bar per arm, with the 95% bootstrap interval as error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results)
+    arms = [a for a in ARMS if all(a in results[name] for name in names)]
+    n = results[names[0]][arms[0]]["n_samples"]
+    width = 0.8 / len(arms)
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.4 * len(names) + 2), 4))
+    for j, arm in enumerate(arms):
+        values = [results[name][arm][f"mean@{n}"] for name in names]
+        cis = [results[name][arm][f"mean@{n}_ci95"] or [v, v] for name, v in zip(names, values, strict=True)]
+        errors = [[v - lo for v, (lo, _) in zip(values, cis, strict=True)],
+                  [hi - v for v, (_, hi) in zip(values, cis, strict=True)]]
+        bars = ax.bar([i + j * width for i in range(len(names))], values, width, yerr=errors, capsize=3,
+                      label=arm.replace("_", " "))
+        ax.bar_label(bars, fmt="%.2f", padding=2, fontsize=8)
+    ax.set_xticks([i + width * (len(arms) - 1) / 2 for i in range(len(names))], names, rotation=30, ha="right")
+    ax.set_ylim(0, 1)
+    ax.set_ylabel(f"mean@{n} (95% bootstrap CI)")
+    ax.set_title("With and without the tool")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_arms_outputs(out: str | Path, results: dict[str, Any], config: dict[str, Any] | None = None) -> Path:
+    """report.md, metrics.json and arms.png under `out` (each arm's own outputs are in `out/<benchmark>/<arm>/`)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.json").write_text(json.dumps({"benchmarks": results, "config": config or {}}, indent=2,
+                                                 default=str))
+    (out / "report.md").write_text(render_arms_report(results, config))
+    plot_arms(results, out / "arms.png")
+    return out

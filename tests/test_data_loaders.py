@@ -254,3 +254,102 @@ def test_hub_path_reads_a_dataset_through_datasets(monkeypatch, tmp_path):
     assert load_problems("dapo-processed", split="en") == load_problems(DAPO_ORIGINAL)
     assert calls == [("BytedTsinghua-SIA/DAPO-Math-17k", None, "train"),
                      ("open-r1/DAPO-Math-17k-Processed", "all", "en")]
+
+
+# --- the 2026 benchmarks: MathArena's competitions, BeyondAIME, AMO-Bench -------------------------------------------
+
+BENCHMARK_FIXTURES = {  # short name: (fixture folder laid out as on the Hub, expected (id, gold answer) pairs)
+    "aime26": (DATA / "matharena" / "aime_2026", [("aime26-1", "70"), ("aime26-2", "5"), ("aime26-3", "204")]),
+    "hmmt_feb25": (DATA / "matharena" / "hmmt_feb_2025",
+                   [("hmmt_feb25-1", "\\frac{9\\sqrt{23}}{23}"), ("hmmt_feb25-2", "4\\pi"), ("hmmt_feb25-3", "120")]),
+    "hmmt_nov25": (DATA / "matharena" / "hmmt_nov_2025",
+                   [("hmmt_nov25-1", "\\frac{1}{576}"), ("hmmt_nov25-2", "8\\sqrt{10}")]),
+    "hmmt_feb26": (DATA / "matharena" / "hmmt_feb_2026",
+                   [("hmmt_feb26-1", "2^{25}\\cdot 26!"), ("hmmt_feb26-2", "\\frac{3}{4}")]),
+    "brumo25": (DATA / "matharena" / "brumo_2025", [("brumo25-1", "2\\sqrt{2}"), ("brumo25-2", "103")]),
+    "cmimc25": (DATA / "matharena" / "cmimc_2025", [("cmimc25-1", "\\frac{\\pi}{6}"), ("cmimc25-2", "1001")]),
+    "beyondaime": (DATA / "beyondaime", [(None, "30"), (None, "401")]),
+    "amobench": (DATA / "amo_bench", [("1", "7656"), ("2", "\\{-2, 2\\}"), ("5", "n^2 + 1"),
+                                      ("9", "\\text{all constant functions}")]),
+}
+
+
+@pytest.mark.parametrize("name", list(BENCHMARK_FIXTURES))
+def test_benchmark_fixture_loads_with_ids_sources_and_clean_answers(name):
+    folder, expected = BENCHMARK_FIXTURES[name]
+    problems = load_problems(folder)
+    assert [(p.id if ident else None, p.answer) for p, (ident, _) in zip(problems, expected, strict=True)] == expected
+    assert {p.source for p in problems} == {name}
+    assert all(p.question and "\\boxed" not in p.answer for p in problems)
+    if folder.parent.name == "matharena":
+        table = pq.read_table(next(folder.rglob("*.parquet")))
+        assert {"problem_idx", "problem", "answer"} <= set(table.column_names)
+        assert all(p.metadata["schema"] == "matharena" for p in problems)
+
+
+def test_matharena_keeps_problem_types_and_integer_aime_answers():
+    aime = pq.read_table(BENCHMARK_FIXTURES["aime26"][0] / "data" / "train-00000-of-00001.parquet")
+    assert str(aime.schema.field("answer").type) == "int64"  # as on the Hub: the loader makes strings of them
+    hmmt = load_problems(BENCHMARK_FIXTURES["hmmt_feb26"][0])
+    assert hmmt[1].metadata["problem_type"] == ["Algebra", "Number Theory"]
+
+
+def test_amo_bench_levels_are_answer_types_so_the_parser_subset_is_a_level_filter():
+    problems = load_problems(BENCHMARK_FIXTURES["amobench"][0])
+    assert [p.level for p in problems] == ["number", "set", "variable", "description"]
+    parser_graded = [p for p in problems if p.level in ("number", "set", "variable")]  # AMO-Bench-P
+    assert [p.id for p in parser_graded] == ["1", "2", "5"]
+
+
+@pytest.mark.parametrize("name", [n for n in BENCHMARK_FIXTURES if n != "amobench"] + ["amobench-p"])
+def test_the_grader_accepts_each_gold_answer_boxed_and_rejects_a_wrong_one(name):
+    from retool_env.grading import grade
+
+    folder, _ = BENCHMARK_FIXTURES[name.removesuffix("-p")]
+    for problem in load_problems(folder):
+        if problem.level == "description":  # needs the authors' LLM judge: not graded by rule
+            continue
+        assert grade(f"So the answer is $\\boxed{{{problem.answer}}}$.", problem.answer).correct, problem
+        assert not grade("\\boxed{123456789}", problem.answer).correct, problem
+
+
+@pytest.mark.parametrize("name", list(BENCHMARK_FIXTURES))
+def test_each_benchmark_loads_by_short_name_and_hub_id_through_datasets(name, monkeypatch, tmp_path):
+    """`datasets.load_dataset` for real, on a local folder laid out as the Hub repository (the registry's split must
+    exist there); only the Hub id is pointed at the folder, and the Hub is switched off."""
+    import dataclasses
+
+    from huggingface_hub import constants
+
+    from retool_env.data import HUB_DATASETS
+
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path)
+    folder, _ = BENCHMARK_FIXTURES[name]
+    known = HUB_DATASETS[name]
+    assert known.answers  # every benchmark says what its answers look like
+    monkeypatch.setitem(HUB_DATASETS, name, dataclasses.replace(known, hub_id=str(folder)))
+    assert load_problems(name) == load_problems(folder)
+    assert load_problems(name, limit=1) == load_problems(folder)[:1]
+
+
+def test_benchmark_hub_ids_map_to_their_entries_and_fail_offline_with_a_hint(monkeypatch):
+    from retool_env.data import HUB_DATASETS
+    from retool_env.data.loaders import BENCHMARKS
+
+    assert set(BENCHMARKS) <= set(HUB_DATASETS)
+    seen = []
+
+    def fake_hub_rows(known, split, loader="load_problems"):
+        seen.append((known.hub_id, known.split))
+        return iter([])
+
+    monkeypatch.setattr("retool_env.data.loaders.hub_rows", fake_hub_rows)
+    load_problems("ByteDance-Seed/BeyondAIME")
+    load_problems("meituan-longcat/AMO-Bench")
+    load_problems("MathArena/hmmt_feb_2025")
+    assert seen == [("ByteDance-Seed/BeyondAIME", "test"), ("meituan-longcat/AMO-Bench", "test"),
+                    ("MathArena/hmmt_feb_2025", "train")]

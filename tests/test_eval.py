@@ -17,6 +17,7 @@ from retool_env.trajectory import ToolCallRecord, Trajectory
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "training" / "configs"
+EVAL_CONFIGS = ROOT / "retool_env" / "configs"  # packaged: the default config and the protocol presets
 
 
 def eval_script():
@@ -157,15 +158,20 @@ def test_evaluate_with_hf_generator_writes_every_output(tiny_model, tmp_path):
 
 def test_main_runs_the_command_line_path(tiny_model, tmp_path):
     ev = eval_script()
-    metrics = ev.main(["--config", str(CONFIGS / "eval_tiny_cpu.yaml"), "--model", str(tiny_model), "--limit", "2",
-                       "--n_samples", "1", "--max_completion_tokens", "32", "--out", str(tmp_path), "--no_progress"])
-    assert metrics["num_problems"] == 2 and metrics["ks"] == [1]
-    assert {p.name for p in tmp_path.iterdir()} >= {"per_problem.jsonl", "report.md", "metrics.json", "accuracy.png"}
-    config = json.loads((tmp_path / "metrics.json").read_text())["config"]
-    assert (config["dataset"], config["split"], config["max_completion_tokens"]) == ("arith", "test", 32)
+    results = ev.main(["--config", str(EVAL_CONFIGS / "eval_tiny_cpu.yaml"), "--model", str(tiny_model), "--limit",
+                       "2", "--n_samples", "1", "--max_completion_tokens", "32", "--arms", "tool", "--out",
+                       str(tmp_path), "--no_progress"])
+    metrics = results["arith"]["tool"]
+    assert list(results["arith"]) == ["tool"] and metrics["num_problems"] == 2 and metrics["ks"] == [1]
+    arm = tmp_path / "arith" / "tool"
+    assert {p.name for p in arm.iterdir()} >= {"per_problem.jsonl", "report.md", "metrics.json", "accuracy.png"}
+    config = json.loads((arm / "metrics.json").read_text())["config"]
+    assert (config["dataset"], config["split"], config["max_completion_tokens"]) == ("arith", None, 32)  # arith: test
+    assert config["protocol"] is None and (tmp_path / "report.md").exists()
 
 
-@pytest.mark.parametrize("config", sorted(CONFIGS.glob("eval_*.yaml")), ids=lambda path: path.name)
+@pytest.mark.parametrize("config", sorted([*CONFIGS.glob("eval_*.yaml"), *EVAL_CONFIGS.glob("eval_*.yaml")]),
+                         ids=lambda path: path.name)
 def test_each_shipped_config_parses(config, tmp_path):
     ev = eval_script()
     model_args, data_args, env_args, output_args = ev.parse_args(["--config", str(config), "--n_samples", "4"])
@@ -225,3 +231,164 @@ def test_self_correction_counts_a_call_that_printed_a_wrong_value_as_failed():
     assert stats["failed_calls"] == 4 and stats["wrong_output_calls"] == 3
     assert stats["failures_followed"] == 2 and stats["fixed"] == 1 and stats["fixed_rate"] == pytest.approx(1 / 2)
     assert stats["recovered_rate"] == pytest.approx(1 / 3)
+
+
+# --- protocols and the two arms ------------------------------------------------------------------------------------
+
+PROTOCOL_SETTINGS = {  # (n_samples, temperature, top_p, max_completion_tokens), as each source states them
+    "paper": (32, 1.0, 0.7, 16384),
+    "verl": (30, 1.0, 0.6, 16384),
+    "matharena": (4, 0.6, 1.0, 16000),
+    "aster": (16, 1.0, 1.0, 90000),
+}
+
+
+@pytest.mark.parametrize("name", list(PROTOCOL_SETTINGS))
+def test_protocol_presets_state_their_source_and_flags_win_on_top(name):
+    from retool_adapters import eval_cli
+
+    source, preset = eval_cli.load_protocol(name)
+    assert "arXiv" in source or "recipe" in source
+    assert (EVAL_CONFIGS / "protocols" / f"{name}.yaml").is_file()
+    assert eval_cli.EVAL_CONFIGS.resolve() == EVAL_CONFIGS.resolve()  # found from the package, not ../training
+    _, data, env, _ = eval_cli.parse_args(["--protocol", name])
+    assert (data.n_samples, data.temperature, data.top_p, env.max_completion_tokens) == PROTOCOL_SETTINGS[name]
+    assert data.ks[-1] == data.n_samples and data.protocol_record["set_on_top"] == {}
+    assert env.max_tool_calls == preset.get("max_tool_calls", 2)  # else the config file's (the tiny config: 2)
+    _, data, env, out = eval_cli.parse_args(["--protocol", name, "--n_samples", "2", "--no_progress"])
+    assert data.n_samples == 2 and out.progress is False and data.temperature == PROTOCOL_SETTINGS[name][1]
+    assert data.ks == [1, 2]  # the preset's k values that fit the new n, and n
+    assert data.protocol_record["set_on_top"] == {"n_samples": 2, "progress": False}
+    assert data.protocol_record["preset"]["n_samples"] == PROTOCOL_SETTINGS[name][0]
+
+
+def test_unknown_protocol_is_one_line(capsys):
+    from retool_adapters import eval_cli
+
+    with pytest.raises(SystemExit):
+        eval_cli.parse_args(["--protocol", "leaderboard"])
+    assert "unknown protocol" in capsys.readouterr().err
+
+
+def test_bootstrap_interval_resamples_problems():
+    import numpy as np
+
+    from retool_env.evaluation import bootstrap_ci
+
+    values = [0.0, 0.25, 0.5, 1.0, 1.0]
+    low, high = bootstrap_ci(values, resamples=500, seed=3)
+    draws = np.random.default_rng(3).integers(0, 5, (500, 5))
+    means = np.asarray(values)[draws].mean(axis=1)
+    assert (low, high) == pytest.approx(tuple(np.quantile(means, [0.025, 0.975])))
+    assert low < statistics.mean(values) < high
+    assert bootstrap_ci([0.5, 0.5, 0.5]) == [0.5, 0.5] and bootstrap_ci([1.0]) is None
+
+
+class CallThenAnswer:
+    """A scripted model: one code_interpreter call, then `\\boxed{42}` once it has seen a tool result."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.prompts: list[str] = []
+
+    async def generate(self, prompt_ids, *, max_tokens, stop_token_ids=(), stop=(), sampling=None):
+        from retool_env.formats import HermesFormat
+        from retool_env.rollout import Generation
+
+        context = self.tokenizer.decode(list(prompt_ids))
+        self.prompts.append(context)
+        text = "\\boxed{42}" if "<tool_response>" in context else HermesFormat.call_text("print(6 * 7)")
+        ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.convert_tokens_to_ids(
+            "<|im_end|>")]
+        return Generation(ids[:max_tokens], None, "stop")
+
+
+def test_two_arms_same_problems_no_tool_in_the_no_tool_prompt_and_the_difference(tmp_path):
+    from retool_env.evaluation import evaluate_arms
+    from retool_env.offline import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    model = CallThenAnswer(tokenizer)
+    problems = [Problem(f"What is 6 * 7? ({i})", "42", f"q{i}") for i in range(3)]
+    results = evaluate_arms({"toy": problems}, model, tokenizer, n_samples=2, tool_format="hermes",
+                            max_completion_tokens=256, progress=False, out=tmp_path, config={"model": "scripted"})
+    tool, no_tool, diff = results["toy"]["tool"], results["toy"]["no_tool"], results["toy"]["difference"]
+    assert tool["mean@2"] == 1.0 and tool["tools"]["code_ratio"] == 1.0 and tool["parse_failure_rate"] == 0.0
+    # Without the tool: the prompt offers none, the call the model writes anyway is recorded but never runs.
+    assert no_tool["mean@2"] == 0.0 and no_tool["tools"]["code_ratio"] == 0.0
+    assert no_tool["tools"]["call_attempt_rate"] == 1.0 and no_tool["parse_failure_rate"] == 1.0
+    assert no_tool["finish_reasons"] == {"max_tool_calls": 6}
+    first_prompts = [p for p in model.prompts if "<tool_response>" not in p]
+    with_tools = [p for p in first_prompts if "code_interpreter" in p.split("<|im_start|>user")[0]]
+    assert len(with_tools) == 6 and len(first_prompts) == 12  # 3 problems x 2 samples x 2 arms; half offer the tool
+    assert tool["num_problems"] == no_tool["num_problems"] == 3
+    assert diff["mean@2"] == 1.0 and diff["mean@2_ci95"] == [1.0, 1.0] and diff["problems_better_with_tool"] == 3
+
+    report = (tmp_path / "report.md").read_text()
+    assert "| toy | tool | 3 | 1.000 [1.000, 1.000] |" in report and "| toy | no_tool | 3 | 0.000" in report
+    assert "## Tool minus no tool" in report and "call_attempt_rate" in report
+    assert (tmp_path / "arms.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    saved = json.loads((tmp_path / "metrics.json").read_text())
+    assert saved["benchmarks"]["toy"]["difference"]["mean@2"] == 1.0
+    assert (tmp_path / "toy" / "no_tool" / "per_problem.jsonl").exists()
+
+
+def test_retool_env_eval_protocol_paper_writes_the_two_arm_report_and_plot(tiny_model, tmp_path):
+    """`retool-env eval --protocol paper --limit 2` on the tiny offline model, on CPU. The protocol's 32 samples of
+    16,384 tokens would take hours here (and pass the tiny model's 4,096 positions): two flags cut them, and the
+    report records both as set on top of the protocol."""
+    from retool_env.cli import main
+
+    assert main(["eval", "--protocol", "paper", "--limit", "2", "--model", str(tiny_model), "--n_samples", "2",
+                 "--max_completion_tokens", "24", "--out", str(tmp_path), "--no_progress"]) == 0
+    report = (tmp_path / "report.md").read_text()
+    assert "Protocol `paper`: ReTool (Feng et al. 2025, arXiv 2504.11536)" in report
+    assert "`n_samples=2` (protocol: `32`)" in report and "`max_completion_tokens=24` (protocol: `16384`)" in report
+    assert "| arith | tool | 2 |" in report and "| arith | no_tool | 2 |" in report
+    assert (tmp_path / "arms.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    saved = json.loads((tmp_path / "metrics.json").read_text())
+    arms = saved["benchmarks"]["arith"]
+    assert set(arms) == {"tool", "no_tool", "difference"}
+    for arm in ("tool", "no_tool"):
+        assert arms[arm]["num_samples"] == 4 and 0 <= arms[arm]["parse_failure_rate"] <= 1
+        assert len(arms[arm]["mean@2_ci95"]) == 2
+    assert saved["config"]["top_p"] == 0.7 and saved["config"]["protocol"]["name"] == "paper"
+    assert arms["no_tool"]["tools"]["tool_calls_per_response"] == 0.0
+
+
+def test_an_installed_copy_finds_its_default_config_and_protocols(tmp_path):
+    """Build the packages as a wheel would hold them (setuptools' build_py, package-data included), then run the
+    evaluation's parser from that copy, outside the repository: no ../training/configs to fall back on."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    source = tmp_path / "src"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".venv*", ".git", "runs", "tests", "bench", "*.pyc"))
+    build = subprocess.run([sys.executable, "-c", "from setuptools import setup; setup()", "-q", "build_py",
+                            "--build-lib", str(tmp_path / "lib")], cwd=source, capture_output=True, text=True,
+                           timeout=240)
+    assert build.returncode == 0, build.stderr
+    assert not (tmp_path / "lib" / "training").exists()
+    code = ("import retool_env, retool_adapters.eval_cli as e\n"
+            "_, data, env, _ = e.parse_args(['--protocol', 'aster'])\n"
+            "print(retool_env.__file__, e.EVAL_CONFIGS, data.dataset, data.n_samples, env.max_completion_tokens)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=240,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path / "lib")})
+    assert out.returncode == 0, out.stderr
+    module, configs, dataset, n, budget = out.stdout.split()
+    assert module.startswith(str(tmp_path / "lib")) and configs == str(tmp_path / "lib" / "retool_env" / "configs")
+    assert (dataset, n, budget) == ("arith", "16", "90000")
+
+
+def test_several_benchmarks_in_one_run_and_levels_only_where_a_benchmark_has_them():
+    from retool_adapters import eval_cli
+
+    fixtures = ROOT / "tests" / "fixtures" / "data"
+    _, data, _, _ = eval_cli.parse_args(["--dataset", f"{fixtures / 'matharena' / 'aime_2026'},{fixtures / 'amo_bench'}",
+                                         "--levels", "number", "set", "variable", "--limit", "2"])
+    benchmarks = eval_cli.load_benchmarks(data)
+    assert list(benchmarks) == ["aime_2026", "amo_bench"]
+    assert [p.id for p in benchmarks["aime_2026"]] == ["aime26-1", "aime26-2"]  # no levels: not filtered
+    assert [p.level for p in benchmarks["amo_bench"]] == ["number", "set"]  # AMO-Bench-P, then the limit

@@ -1,12 +1,16 @@
-"""Evaluate a tool-using math model with ReTool-Env: accuracy (mean@n, pass@k, maj@k), tool statistics, per level.
+"""Evaluate a tool-using math model with ReTool-Env, with and without the tool: mean@n with 95% intervals, pass@k,
+maj@k, tool statistics and parse failures, per benchmark and level.
 
 The command line of `retool_adapters.eval_cli` (also `retool-env eval`), over the library `retool_env.evaluation`.
 
-    # Offline CPU smoke run: a tiny random Qwen2 on procedural problems (training/configs/eval_tiny_cpu.yaml, the
-    # default config); every flag applies on top of it
+    # Offline CPU smoke run: a tiny random Qwen2 on procedural problems (retool_env/configs/eval_tiny_cpu.yaml, the
+    # default config, packaged); every flag applies on top of it
     python training/eval.py --limit 2
 
-    # The paper's protocol on AIME 2024: 32 samples per problem, T=1.0, top-p 0.7, up to 16384 tokens, vLLM
+    # A published protocol (paper, verl, matharena, aster) on the 2026 benchmarks, vLLM on one GPU
+    python training/eval.py --protocol matharena --backend vllm --model runs/grpo --dataset aime26,hmmt_feb25
+
+    # The recipe's config: AIME 2024 with the paper's settings
     python training/eval.py --config training/configs/eval_qwen3_4b_aime24.yaml --model runs/sft-qwen3-4b-retool
 
 `python training/eval.py --help` lists the arguments.

@@ -2,7 +2,8 @@
 
 The schema is detected from a row's columns, so a user points `load_problems` at a file and gets raw problems and gold
 answers back: DAPO-Math-17k (original verl parquet, open-r1's processed copy, slime's jsonl), AIME 2024/2025 in their
-common copies, MATH-500, and `Problem.to_dict()` rows.
+common copies, MATH-500, MathArena's competitions (AIME 2026, HMMT, BRUMO, CMIMC), BeyondAIME, AMO-Bench, and
+`Problem.to_dict()` rows. `BENCHMARKS` lists the evaluation sets by short name, with what their answers look like.
 """
 
 from __future__ import annotations
@@ -33,7 +34,10 @@ class HubDataset:
     split: str
     config: str | None = None
     local_name: str = "data.parquet"
+    answers: str = ""  # what the gold answers look like, where they are not all integers: what the grader must handle
 
+
+_LATEX = "LaTeX strings: integers, fractions, radicals, expressions in pi; math-verify grades the non-integers"
 
 HUB_DATASETS: dict[str, HubDataset] = {
     "dapo": HubDataset("DAPO-Math-17k", "BytedTsinghua-SIA/DAPO-Math-17k", "train", local_name="dapo-math-17k.parquet"),
@@ -41,8 +45,33 @@ HUB_DATASETS: dict[str, HubDataset] = {
                                  local_name="dapo-math-17k-processed.parquet"),
     "aime24": HubDataset("AIME 2024", "Maxwell-Jia/AIME_2024", "train", local_name="aime_2024_problems.parquet"),
     "aime25": HubDataset("AIME 2025", "yentinglin/aime_2025", "train", local_name="aime_2025.jsonl"),
-    "math500": HubDataset("MATH-500", "HuggingFaceH4/MATH-500", "test", local_name="math500_test.jsonl"),
+    "math500": HubDataset("MATH-500", "HuggingFaceH4/MATH-500", "test", local_name="math500_test.jsonl",
+                          answers="LaTeX: integers, fractions, radicals, intervals, tuples, text; math-verify grades"),
+    # Competitions after AIME 2025, as papers report them in 2026 (ids and splits as their dataset cards state).
+    "aime26": HubDataset("AIME 2026", "MathArena/aime_2026", "train", local_name="aime_2026.parquet",
+                         answers="integers 0-999 (int64 on the Hub)"),
+    "hmmt_feb25": HubDataset("HMMT February 2025", "MathArena/hmmt_feb_2025", "train",
+                             local_name="hmmt_feb_2025.parquet", answers=_LATEX),
+    "hmmt_nov25": HubDataset("HMMT November 2025", "MathArena/hmmt_nov_2025", "train",
+                             local_name="hmmt_nov_2025.parquet", answers=_LATEX),
+    "hmmt_feb26": HubDataset("HMMT February 2026", "MathArena/hmmt_feb_2026", "train",
+                             local_name="hmmt_feb_2026.parquet", answers=_LATEX),
+    "brumo25": HubDataset("BRUMO 2025", "MathArena/brumo_2025", "train", local_name="brumo_2025.parquet",
+                          answers=_LATEX),
+    "cmimc25": HubDataset("CMIMC 2025", "MathArena/cmimc_2025", "train", local_name="cmimc_2025.parquet",
+                          answers=_LATEX),
+    "beyondaime": HubDataset("BeyondAIME", "ByteDance-Seed/BeyondAIME", "test", local_name="beyondaime.parquet",
+                             answers="integers"),
+    "amobench": HubDataset("AMO-Bench", "meituan-longcat/AMO-Bench", "test", local_name="amo_bench.jsonl",
+                           answers="not all gradable by rule: the level is the answer type; 39 of 50 are number, set "
+                                   "or variable (AMO-Bench-P, math-verify grades them), 11 are descriptions that need "
+                                   "the authors' LLM judge and grade wrong here: evaluate levels number, set, "
+                                   "variable"),
 }
+
+# The evaluation benchmarks (short names of `HUB_DATASETS`), in the order reports list them.
+BENCHMARKS = ("aime24", "aime25", "aime26", "hmmt_feb25", "hmmt_nov25", "hmmt_feb26", "brumo25", "cmimc25",
+              "beyondaime", "amobench", "math500")
 
 
 class DatasetUnavailableError(ConnectionError):
@@ -72,7 +101,8 @@ def load_problems(source: str | os.PathLike[str], split: str | None = None, limi
     elif name in HUB_DATASETS:
         rows, hint = hub_rows(HUB_DATASETS[name], split), name
     elif re.fullmatch(r"[\w.-]+/[\w.-]+", name):
-        known = HubDataset(name, name, "train", local_name=name.split("/")[-1] + ".parquet")
+        known = next((d for d in HUB_DATASETS.values() if d.hub_id.lower() == name.lower()), None)
+        known = known or HubDataset(name, name, "train", local_name=name.split("/")[-1] + ".parquet")
         rows, hint = hub_rows(known, split), _source_from_text(name) or name
     else:
         raise FileNotFoundError(f"{name!r} is not a file, a folder, or a known dataset "
@@ -137,11 +167,40 @@ def _answer(value: Any) -> str:
     return str(value).strip()
 
 
+def gold_answer(value: Any) -> str:
+    """A gold answer as the grader compares it: a string, an integral float as an integer, without a `\\boxed{}`
+    or `$...$` around the whole of it (AMO-Bench boxes its answers)."""
+    text = _answer(value)
+    while True:
+        if text.startswith("\\boxed{") and text.endswith("}") and _closes_at_end(text, len("\\boxed")):
+            text = text[len("\\boxed{"):-1].strip()
+        elif len(text) > 2 and text[0] == text[-1] == "$":
+            text = text.strip("$").strip()
+        else:
+            return text
+
+
+def _closes_at_end(text: str, start: int) -> bool:
+    """Whether the brace opened at `start` closes at the last character (so `\\boxed{1}+\\boxed{2}` stays)."""
+    depth = 0
+    for i in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return i == len(text) - 1
+    return False
+
+
 def _source_from_text(text: str) -> str | None:
     """The short dataset name a path, Hub id, URL or `data_source` value points at, if any."""
     text = text.lower()
-    for pattern, source in ((r"aime[\W_]*(?:20)?24|2024[\W_]*aime", "aime24"),
+    for pattern, source in ((r"beyond[\W_]*aime", "beyondaime"), (r"amo[\W_]*bench", "amobench"),
+                            (r"aime[\W_]*(?:20)?24|2024[\W_]*aime", "aime24"),
                             (r"aime[\W_]*(?:20)?25|2025[\W_]*aime", "aime25"),
+                            (r"aime[\W_]*(?:20)?26|2026[\W_]*aime", "aime26"),
+                            (r"hmmt[\W_]*feb\w*?[\W_]*(?:20)?25", "hmmt_feb25"),
+                            (r"hmmt[\W_]*nov\w*?[\W_]*(?:20)?25", "hmmt_nov25"),
+                            (r"hmmt[\W_]*feb\w*?[\W_]*(?:20)?26", "hmmt_feb26"),
+                            (r"brumo[\W_]*(?:20)?25", "brumo25"), (r"cmimc[\W_]*(?:20)?25", "cmimc25"),
                             (r"math[\W_]*500", "math500"), (r"dapo", "dapo")):
         if re.search(pattern, text):
             return source
@@ -193,6 +252,21 @@ def _problem_answer(row: dict[str, Any], hint: str) -> Problem:
     return Problem(question, _answer(row["answer"]), row_id, _source_from_text(url) or hint, None, metadata)
 
 
+def _matharena(row: dict[str, Any], hint: str) -> Problem:
+    """MathArena's competitions (MathArena/aime_2026, hmmt_feb_2025, ...): `problem_idx`, `problem`, `answer` (int64
+    for AIME, LaTeX strings elsewhere) and, in most, `problem_type` (a list of subjects)."""
+    metadata = {"schema": "matharena", "problem_type": list(row.get("problem_type") or [])}
+    return Problem(row["problem"], gold_answer(row["answer"]), f"{hint}-{row['problem_idx']}", hint, None, metadata)
+
+
+def _amo_bench(row: dict[str, Any], hint: str) -> Problem:
+    """meituan-longcat/AMO-Bench: `question_id`, the problem in `prompt`, a boxed `answer`, `answer_type` (number,
+    set, variable, description; the level here, so a report splits by it) and a human `solution`."""
+    kind = str(row["answer_type"])
+    return Problem(row["prompt"].strip(), gold_answer(row["answer"]), str(row["question_id"]), "amobench", kind,
+                   {"schema": "amo-bench", "answer_type": kind})
+
+
 def _question_answer(row: dict[str, Any], hint: str) -> Problem:
     """`question`/`answer` rows, including `Problem.to_dict()` output and deepconf's AIME copies."""
     question = row["question"]
@@ -203,11 +277,13 @@ def _question_answer(row: dict[str, Any], hint: str) -> Problem:
 
 
 SCHEMAS: list[Schema] = [
+    Schema("amo-bench", lambda r: {"question_id", "prompt", "answer", "answer_type"} <= r.keys(), _amo_bench),
     Schema("verl", lambda r: {"prompt", "reward_model"} <= r.keys() and not isinstance(r["prompt"], str), _verl, True),
     Schema("open-r1", lambda r: {"prompt", "solution"} <= r.keys() and isinstance(r["prompt"], str), _open_r1, True),
     Schema("slime", lambda r: {"prompt", "label"} <= r.keys(), _slime, True),
     Schema("maxwell-jia", lambda r: {"ID", "Problem", "Answer"} <= r.keys(), _maxwell),
     Schema("math500", lambda r: {"problem", "answer", "unique_id", "level"} <= r.keys(), _math500),
+    Schema("matharena", lambda r: {"problem_idx", "problem", "answer"} <= r.keys(), _matharena),
     Schema("problem-answer", lambda r: {"problem", "answer"} <= r.keys(), _problem_answer),
     Schema("question-answer", lambda r: {"question", "answer"} <= r.keys(), _question_answer),
 ]
@@ -220,7 +296,8 @@ def detect_schema(row: dict[str, Any]) -> Schema:
             return schema
     raise ValueError(f"unrecognised dataset schema with columns {sorted(row)}; expected one of: "
                      "verl (prompt, reward_model), open-r1 (prompt, solution), slime (prompt, label), "
-                     "ID/Problem/Answer, problem/answer, question/answer")
+                     "AMO-Bench (question_id, prompt, answer, answer_type), ID/Problem/Answer, "
+                     "MathArena (problem_idx, problem, answer), problem/answer, question/answer")
 
 
 # --- row sources ---------------------------------------------------------------------------------------------------
