@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 
 from retool_adapters.generators import LogprobsMismatchError
 from retool_adapters.verl import VerlServerGenerator, agent_loop_fields, problem_from_row
+from retool_env.data import Problem
 from retool_env.rollout import EpisodeAborted, run_episode
 
 from .test_adapter_scripted import PROBLEM, SCRIPTS, Record, ScriptedEngine, action_ids, local_reference
@@ -81,6 +83,7 @@ def test_turn_counts_and_extra_fields(qwen_tok):
 
 
 @pytest.mark.parametrize(("stop_reason", "log_probs", "error"), [("aborted", "ok", EpisodeAborted),
+                                                                  ("abort", "ok", EpisodeAborted),  # SGLang's
                                                                   ("completed", "none", EpisodeAborted),
                                                                   ("completed", "short", LogprobsMismatchError)])
 def test_aborted_or_missing_logprobs_never_zero_filled(qwen_tok, stop_reason, log_probs, error):
@@ -99,12 +102,30 @@ def test_length_is_told_apart_from_stop(qwen_tok):
     assert generation.finish_reason == "length"
 
 
+DAPO_PROMPT = ("Solve the following math problem step by step. The last line of your response should be of the form "
+               "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n" + PROBLEM.question
+               + '\n\nRemember to put your answer on its own line after "Answer:".')
+
+
 def test_problem_from_row():
-    assert problem_from_row(ROW) == PROBLEM.__class__(PROBLEM.question, PROBLEM.answer, id="0")
+    assert problem_from_row(ROW) == Problem(PROBLEM.question, PROBLEM.answer, id="0")
+    # DAPO-Math-17k's verl parquet: the instruction wrapper goes, as load_problems strips it (the environment
+    # renders its own instruction; keeping DAPO's would template the problem twice).
+    dapo = {**ROW, "raw_prompt": [{"role": "user", "content": DAPO_PROMPT}], "extra_info": {"index": 0}}
+    assert problem_from_row(dapo).question == PROBLEM.question
+    assert problem_from_row({**dapo, "extra_info": {"question": DAPO_PROMPT}}).question == PROBLEM.question
 
 
 # ------------------------------------------------------------------------------------ with verl's real classes
-def make_agent_loop(tok, manager, prompt_length=1024, **env_kwargs):
+def verl_config(prompt_length=1024, **rollout):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "vllm", "prompt_length": prompt_length,
+                                                               "response_length": 2048, **rollout}},
+                             "data": {}, "trainer": {"use_v1": True}})
+
+
+def make_agent_loop(tok, manager, prompt_length=1024, config=None, abort_retries=2, **env_kwargs):
     pytest.importorskip("verl.experimental.agent_loop.agent_loop",
                         reason="verl is not installed here; run scripts/test_frameworks.sh (.venv-frameworks)")
     import hydra
@@ -113,12 +134,56 @@ def make_agent_loop(tok, manager, prompt_length=1024, **env_kwargs):
 
     import retool_adapters.verl as adapter
 
-    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "vllm", "prompt_length": prompt_length,
-                                                                 "response_length": 2048}}, "data": {}})
-    entry = OmegaConf.create({**_agent_loop_registry[adapter.AGENT_NAME], "env_kwargs": env_kwargs})
+    config = config if config is not None else verl_config(prompt_length)
+    entry = OmegaConf.create({**_agent_loop_registry[adapter.AGENT_NAME], "env_kwargs": env_kwargs,
+                              "abort_retries": abort_retries})
     return hydra.utils.instantiate(entry, trainer_config=DictConfigWrap(config), server_manager=manager,
                                    tokenizer=tok, processor=None, dataset_cls=None,
                                    data_config=DictConfigWrap(config.data))
+
+
+class Remote:
+    """A Ray actor method's `.remote` without Ray: calling it returns the coroutine the caller awaits."""
+
+    def __init__(self, fn):
+        self.remote = fn
+
+
+class Replica:
+    """Stand-in for one verl rollout server actor (`vLLMHttpServer.generate.remote`), answering from a script with
+    what verl's servers put in a `TokenOutput`: `num_preempted` and the weights' `global_steps` in `extra_fields`.
+    `aborts` calls are answered with `stop_reason` first (verl's vLLM says "aborted", SGLang "abort")."""
+
+    def __init__(self, engine: ScriptedEngine, global_steps=(3,), aborts: int = 0, stop_reason: str = "aborted"):
+        self.engine, self.global_steps, self.aborts, self.stop_reason = engine, list(global_steps), aborts, stop_reason
+        self.calls: list[dict] = []
+        self.generate = Remote(self._generate)
+
+    async def _generate(self, *, request_id, prompt_ids, sampling_params, image_data=None, video_data=None, **kw):
+        self.calls.append({"request_id": request_id, "prompt_ids": prompt_ids, "kwargs": kw})
+        steps = self.global_steps[min(len(self.calls), len(self.global_steps)) - 1]
+        if self.aborts:
+            self.aborts -= 1
+            return TokenOutput(token_ids=[], log_probs=[], stop_reason=self.stop_reason, num_preempted=1,
+                               extra_fields={"global_steps": steps})
+        turn = self.engine.next(prompt_ids)
+        return TokenOutput(token_ids=turn.token_ids, log_probs=turn.logprobs, stop_reason="completed",
+                           num_preempted=0, extra_fields={"global_steps": steps})
+
+
+def llm_client(config, replica):
+    """verl's real `LLMServerClient` over one replica; the load balancer actor is a stand-in (Ray is not started)."""
+    from verl.workers.rollout.llm_server import LLMServerClient
+
+    async def no_fields():
+        return []
+
+    async def acquire(request_id, **fields):
+        return "server-0", replica
+
+    balancer = SimpleNamespace(require_acquire_fields=Remote(no_fields), require_release_fields=Remote(no_fields),
+                               acquire_server=Remote(acquire), release_server=Remote(lambda **kw: None))
+    return LLMServerClient(config, load_balancer_handle=balancer)
 
 
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
@@ -131,18 +196,53 @@ def test_registered_agent_loop_returns_verls_output(qwen_tok, script):
     assert isinstance(output, AgentLoopOutput)
     assert record(output.model_dump()) == local_reference(qwen_tok, script, max_completion_tokens=2048)
     assert output.metrics.tool_calls >= 0 and output.extra_fields["aborted"] is False
+    info = output.extra_fields["reward_extra_info"]
+    assert info["acc"] == float(script.endswith("correct")) and info["score"] == output.reward_score
     fields = output.as_dict()  # verl's own conversion to tensors, reward on the last response token
     assert fields["rm_scores"][-1] == output.reward_score and fields["rollout_log_probs"].shape[0] == len(
         output.response_ids)
 
 
-def test_registered_agent_loop_aborts_in_verls_shape(qwen_tok):
+@pytest.mark.parametrize("stop_reason", ["aborted", "abort"])
+def test_an_aborted_episode_is_replayed_then_raises_never_scored(qwen_tok, stop_reason):
+    """No invented reward_score=0.0 for an abort (verl's GRPO would average it into the group): the episode is
+    played again from its prompt, and when it keeps aborting the loop raises (v1: the group is evicted)."""
+    config = verl_config()
+    replica = Replica(ScriptedEngine(action_ids(qwen_tok, "hermes_correct")), aborts=1, stop_reason=stop_reason)
+    output = asyncio.run(make_agent_loop(qwen_tok, llm_client(config, replica), config=config).run(
+        {"temperature": 1.0, "logprobs": True}, **ROW))
+    assert record(output.model_dump()) == local_reference(qwen_tok, "hermes_correct", max_completion_tokens=2048)
+    replica = Replica(ScriptedEngine(action_ids(qwen_tok, "hermes_correct")), aborts=99, stop_reason=stop_reason)
+    with pytest.raises(EpisodeAborted, match="aborted 3 times"):
+        asyncio.run(make_agent_loop(qwen_tok, llm_client(config, replica), config=config).run(
+            {"temperature": 1.0, "logprobs": True}, **ROW))
+    assert len(replica.calls) == 3
     manager = ServerManager(ScriptedEngine(action_ids(qwen_tok, "hermes_correct")), log_probs="none")
-    loop = make_agent_loop(qwen_tok, manager)
-    output = asyncio.run(loop.run({"temperature": 1.0, "logprobs": True}, **ROW))
-    assert output.response_ids == [] and output.response_mask == [] and output.response_logprobs == []
-    assert output.extra_fields["aborted"] is True and output.prompt_ids
-    assert output.reward_score == 0.0 and output.num_turns == 0
+    with pytest.raises(EpisodeAborted, match="no logprobs"):  # logprobs verl asked for are never invented
+        asyncio.run(make_agent_loop(qwen_tok, manager, abort_retries=0).run(
+            {"temperature": 1.0, "logprobs": True}, **ROW))
+
+
+def test_the_template_check_runs_once_per_process(qwen_tok, caplog, monkeypatch):
+    import retool_adapters.verl as adapter
+
+    calls = []
+    monkeypatch.setattr(adapter, "training_env_kwargs", lambda tok, kw: calls.append(kw) or dict(kw))
+    monkeypatch.setattr(adapter, "_training_kwargs", {})
+    for _ in range(20):  # verl builds the loop for every sample
+        make_agent_loop(qwen_tok, ServerManager(ScriptedEngine([])), tool_format="hermes")
+    make_agent_loop(qwen_tok, ServerManager(ScriptedEngine([])), tool_format="retool")
+    assert len(calls) == 2
+
+
+def test_priority_and_full_determinism_reach_the_server(qwen_tok):
+    config = verl_config(full_determinism=True)
+    replica = Replica(ScriptedEngine(action_ids(qwen_tok, "hermes_correct")))
+    asyncio.run(make_agent_loop(qwen_tok, llm_client(config, replica), config=config).run(
+        {"temperature": 1.0, "logprobs": True}, priority=7, **ROW))
+    # verl's own loops: request id det-{priority} under full determinism (passed through to vLLM), priority sent.
+    assert {c["request_id"] for c in replica.calls} == {"det-7"}
+    assert all(c["kwargs"].get("priority") == 7 for c in replica.calls)
 
 
 def test_a_prompt_longer_than_verls_prompt_length_is_refused(qwen_tok):
