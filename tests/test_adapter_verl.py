@@ -1,11 +1,15 @@
 """verl adapter: the server-manager generator everywhere, and the registered agent loop where verl installs.
 
-The server manager is a stand-in with the signature of verl's `LLMServerClient.generate(request_id, *, prompt_ids,
-sampling_params, ...) -> TokenOutput` (verl 0.9.1, verl/workers/rollout/llm_server.py), scripted to play the shared
-episodes; it returns verl's real `TokenOutput` when verl is installed (scripts/setup_frameworks.sh), else a
-dataclass with TokenOutput's fields (`token_ids`, `log_probs`, `stop_reason`: 'completed' | 'aborted' | None, from
-verl/workers/rollout/replica.py). With verl installed, `ReToolAgentLoop` is built the way verl's AgentLoopWorker
-builds it (`hydra.utils.instantiate` of the registry entry) and returns verl's real `AgentLoopOutput`.
+The generator tests' server manager is a stand-in with the signature of verl's `LLMServerClient.generate(request_id,
+*, prompt_ids, sampling_params, ...) -> TokenOutput` (verl 0.9.1, verl/workers/rollout/llm_server.py), scripted to
+play the shared episodes; it returns verl's real `TokenOutput` when verl is installed (scripts/setup_frameworks.sh),
+else a dataclass with TokenOutput's fields. With verl installed, `ReToolAgentLoop` is built the way verl's
+AgentLoopWorker builds it (`hydra.utils.instantiate` of the registry entry), generates through verl's real
+`LLMServerClient` (which tags each turn with the weights' `global_steps`) over a scripted server actor, and its output
+goes through verl's own post-processing: the legacy `AgentLoopWorker` and the v1 trainer's `AgentLoopWorkerTQ`,
+`compute_advantage_for_multi_trajectories` and `PPOTrainer._compute_metrics`. What cannot run here is a stand-in,
+each named where it is defined: Ray's actor handles (a `.remote` that returns the coroutine) and TransferQueue's
+key-value store (in memory: `tq.init()` needs Ray actors).
 """
 
 from __future__ import annotations
