@@ -19,6 +19,11 @@ never zero-filled. slime's fully-async rollout returns an ABORTED group to the b
 (`generate_rollout`) does not, so under it pass `--dynamic-sampling-filter-path
 retool_adapters.slime.drop_aborted_groups` (refused without it, at the first sample).
 
+An aborted evaluation episode is played again (`retool_abort_retries`, default 2), then raises: slime's evaluation
+reads `reward[key]` of every sample and has no abort path. With `sample_mode="turn"` (a chat template that rewrites
+history) `generate` returns one `Sample` per rewritten context, sharing the episode's `rollout_id`; pass
+`--custom-reward-post-process-path retool_adapters.slime.trajectory_rewards` so GRPO counts each trajectory once.
+
 With `--reward-key` (slime's ReTool script sets `score`) the reward is a dict: `{key: reward, "correct", "pred",
 "num_tool_calls"}`; without it, a float.
 
