@@ -19,6 +19,11 @@ never zero-filled. slime's fully-async rollout returns an ABORTED group to the b
 (`generate_rollout`) does not, so under it pass `--dynamic-sampling-filter-path
 retool_adapters.slime.drop_aborted_groups` (refused without it, at the first sample).
 
+An aborted evaluation episode is played again (`retool_abort_retries`, default 2), then raises: slime's evaluation
+reads `reward[key]` of every sample and has no abort path. With `sample_mode="turn"` (a chat template that rewrites
+history) `generate` returns one `Sample` per rewritten context, sharing the episode's `rollout_id`; pass
+`--custom-reward-post-process-path retool_adapters.slime.trajectory_rewards` so GRPO counts each trajectory once.
+
 With `--reward-key` (slime's ReTool script sets `score`) the reward is a dict: `{key: reward, "correct", "pred",
 "num_tool_calls"}`; without it, a float.
 
@@ -37,6 +42,7 @@ Partial rollout is not supported (a retried sample starts again from its prompt)
 from __future__ import annotations
 
 import base64
+import copy
 import importlib
 import json
 import math
@@ -45,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from retool_env.data import Problem
+from retool_env.data import Problem, strip_dapo_template
 from retool_env.env import ToolEnvironment, load_tokenizer
 from retool_env.grading import grade
 from retool_env.prompts import render_prompt
@@ -56,7 +62,8 @@ from retool_env.trajectory import Trajectory
 from .generators._common import DEFAULT_SAMPLING, LogprobsMismatchError, TurnGenerator
 from .generators.openai_completions import OpenAICompletionsGenerator
 
-__all__ = ["SGLangGenerator", "VLLMRouterGenerator", "drop_aborted_groups", "fill_sample", "generate", "reward_func"]
+__all__ = ["SGLangGenerator", "VLLMRouterGenerator", "drop_aborted_groups", "fill_sample", "fill_samples", "generate",
+           "reward_func", "trajectory_rewards"]
 
 # vLLM's /inference/v1/generate sends this logprob when the sampled token is missing from the engine's top-k map.
 _VLLM_MISSING_LOGPROB = -9999.0
@@ -281,6 +288,13 @@ def _refuse_what_cannot_be_served(args: Any, sampling_params: Mapping[str, Any],
     if _backend(args) == "vllm" and (_wants_top_p(sampling_params) or getattr(args, "rollout_top_p", 1.0) != 1.0):
         raise ValueError("top-p replay (--rollout-top-p below 1) needs SGLang's return_top_p_token_ids; vLLM's "
                          "/inference/v1/generate does not return the kept token ids: use --rollout-top-p 1.0")
+    if _env_kwargs(args).get("sample_mode", "episode") == "turn":
+        if getattr(args, "custom_reward_post_process_path", None) is None:
+            raise ValueError("sample_mode='turn' returns several samples per episode, which slime's default reward "
+                             "normalisation counts once each: pass --custom-reward-post-process-path "
+                             "retool_adapters.slime.trajectory_rewards (one advantage per trajectory)")
+        if _wants_top_p(sampling_params) or getattr(args, "rollout_top_p", 1.0) != 1.0:
+            raise ValueError("top-p replay is not supported with sample_mode='turn': use --rollout-top-p 1.0")
     if getattr(args, "rollout_function_path", None) in _DEFAULT_ROLLOUTS and not getattr(
             args, "dynamic_sampling_filter_path", None):
         raise ValueError("the default rollout function sends ABORTED samples to training: pass "
@@ -305,7 +319,9 @@ def problem_from_sample(sample: Any) -> Problem:
     if "<|im_start|>" in prompt:
         raise ValueError("sample.prompt is already chat-templated; drop --apply-chat-template (the environment "
                          "renders the prompt itself)")
-    return Problem(question=prompt, answer=str(sample.label or ""), id=str(sample.index or ""))
+    # DAPO's instruction wrapper (slime's dapo-math-17k jsonl) goes, as load_problems strips it: the environment
+    # renders its own instruction.
+    return Problem(question=strip_dapo_template(prompt), answer=str(sample.label or ""), id=str(sample.index or ""))
 
 
 def _int32s(meta: Mapping[str, Any], keys: Sequence[str]) -> list[int] | None:
@@ -397,24 +413,59 @@ def abort_sample(sample: Any, reason: str) -> Any:
 
 
 async def generate(args: Any, sample: Any, sampling_params: Mapping[str, Any], evaluation: bool = False) -> Any:
-    """slime's and vime's custom generate function: one episode of the environment per sample."""
+    """slime's and vime's custom generate function: one episode of the environment per sample; with
+    `sample_mode="turn"`, a list of samples (one per context the chat template rewrote) sharing one `rollout_id`.
+
+    Training: an aborted episode is an ABORTED sample (the rollout returns its group to the buffer, or
+    `drop_aborted_groups` drops it). Evaluation has no such path (slime reads `reward[key]` of every sample), so an
+    aborted evaluation episode is played again up to `retool_abort_retries` times (default 2), then raises."""
     _refuse_what_cannot_be_served(args, sampling_params, evaluation)
     problem = problem_from_sample(sample)
-    env = _take_env(args, problem)
-    turns = _EpisodeTurns(_generator(args), sampling_params)
-    env.max_completion_tokens = _completion_budget(args, env, problem, sampling_params)
     seed = sampling_params.get("sampling_seed", sampling_params.get("seed"))
     sampling = SamplingParams(temperature=float(sampling_params.get("temperature", 1.0)),
                               top_p=float(sampling_params.get("top_p", 1.0)),
                               top_k=int(sampling_params.get("top_k", -1)),
                               seed=None if seed is None else int(seed))
-    try:
-        traj = await run_episode(env, turns, problem=problem, sampling=sampling, require_logprobs=True)
-        return fill_sample(sample, traj, env.tokenizer, args, turns.metas, top_p=_wants_top_p(sampling_params))
-    except (EpisodeAborted, LogprobsMismatchError) as exc:
-        return abort_sample(sample, str(exc))
-    finally:
-        _envs[_env_key(args)].append(env)
+    attempts = 1 + (int(getattr(args, "retool_abort_retries", 2)) if evaluation else 0)
+    for attempt in range(attempts):
+        env = _take_env(args, problem)
+        turns = _EpisodeTurns(_generator(args), sampling_params)
+        env.max_completion_tokens = _completion_budget(args, env, problem, sampling_params)
+        try:
+            traj = await run_episode(env, turns, problem=problem, sampling=sampling, require_logprobs=True)
+            if _env_kwargs(args).get("sample_mode", "episode") == "turn":
+                return fill_samples(sample, traj, env.tokenizer, args, turns.metas)
+            return fill_sample(sample, traj, env.tokenizer, args, turns.metas, top_p=_wants_top_p(sampling_params))
+        except (EpisodeAborted, LogprobsMismatchError) as exc:
+            if attempt + 1 == attempts and evaluation:
+                raise EpisodeAborted(f"an evaluation episode aborted {attempts} times: {exc}") from exc
+            if attempt + 1 == attempts:
+                return abort_sample(sample, str(exc))
+        finally:
+            _envs[_env_key(args)].append(env)
+    raise AssertionError("unreachable")
+
+
+def fill_samples(sample: Any, traj: Trajectory, tokenizer: Any, args: Any = None,
+                 metas: Sequence[Mapping[str, Any]] = ()) -> list[Any]:
+    """The training samples of a `sample_mode="turn"` episode as slime samples: one per sample of the trajectory,
+    each a copy of `sample` with its own tokens, loss mask and logprobs, the episode's reward, and one shared
+    `rollout_id` (slime's contract for one rollout split into several samples: its loss counts the rollout once)."""
+    if len(traj.samples) == 1:
+        return [fill_sample(sample, traj, tokenizer, args, metas)]
+    rollout_id = sample.rollout_id if sample.rollout_id is not None else sample.index
+    filled = fill_sample(copy.deepcopy(sample), traj, tokenizer, args, metas)  # reward, status, metadata, meta_info
+    out = []
+    for part in traj.samples:
+        s = copy.deepcopy(filled)
+        s.tokens = [*part.prompt_ids, *part.completion_ids]
+        s.response_length = len(part.completion_ids)
+        s.response = tokenizer.decode(part.completion_ids)
+        s.loss_mask = list(part.env_mask)
+        s.rollout_log_probs = list(part.logprobs) if traj.has_logprobs else None
+        s.rollout_id = rollout_id
+        out.append(s)
+    return out
 
 
 async def reward_func(args: Any, sample: Any, **kwargs: Any) -> float | dict[str, Any] | list | None:
@@ -440,12 +491,44 @@ async def reward_func(args: Any, sample: Any, **kwargs: Any) -> float | dict[str
 def drop_aborted_groups(args: Any, samples: list[Any], **kwargs: Any) -> Any:
     """slime's `--dynamic-sampling-filter-path`: drop a group with an ABORTED sample (reason "aborted"); keep the
     others, or ask `args.retool_dynamic_filter_path` (say, slime's `check_reward_nonzero_std`) about them."""
-    if any(s.status is type(s).Status.ABORTED for s in samples):
+    if any(s.status is type(s).Status.ABORTED for s in _flat(samples)):
         return _filter_output(keep=False, reason="aborted")
     if path := getattr(args, "retool_dynamic_filter_path", None):
         module, name = path.rsplit(".", 1)
         return getattr(importlib.import_module(module), name)(args, samples, **kwargs)
     return _filter_output(keep=True)
+
+
+def _flat(samples: Sequence[Any]) -> list[Any]:
+    """A group's samples, with the per-turn lists of `sample_mode="turn"` episodes opened."""
+    return [s for item in samples for s in (item if isinstance(item, list) else [item])]
+
+
+def trajectory_rewards(args: Any, samples: Sequence[Any]) -> tuple[list[float], list[float]]:
+    """slime's `--custom-reward-post-process-path` for `sample_mode="turn"`: GRPO's group normalisation (slime's
+    `_post_process_rewards`: minus the group mean, over the std + 1e-6 under `--grpo-std-normalization`) over
+    trajectories, not samples (a prompt's group is its `group_index`, a trajectory its `rollout_id`), each
+    trajectory's value broadcast to its samples. Counting each sample would weigh long episodes more in the mean
+    (mixing per-turn samples into one group made an agent stop calling tools: agent-lightning#489)."""
+    import torch
+
+    raw = [float(s.get_reward_value(args)) for s in samples]
+    trajectories: dict[Any, dict[Any, float]] = {}
+    for s, r in zip(samples, raw, strict=True):
+        trajectories.setdefault(s.group_index, {})[s.rollout_id if s.rollout_id is not None else id(s)] = r
+    normalize = getattr(args, "rewards_normalization", True) and getattr(
+        args, "advantage_estimator", "grpo") in ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")
+    value: dict[tuple[Any, Any], float] = {}
+    for group, rewards in trajectories.items():
+        t = torch.tensor(list(rewards.values()), dtype=torch.float)
+        if normalize:
+            t = t - t.mean()
+            if getattr(args, "advantage_estimator", "grpo") in ("grpo", "gspo", "cispo") and getattr(
+                    args, "grpo_std_normalization", True):
+                t = t / (t.std() + 1e-6)
+        value.update({(group, key): v for key, v in zip(rewards, t.tolist(), strict=True)})
+    out = [value[(s.group_index, s.rollout_id if s.rollout_id is not None else id(s))] for s in samples]
+    return raw, out
 
 
 def _filter_output(keep: bool, reason: str | None = None) -> Any:

@@ -2,11 +2,25 @@
 
 `ReToolAgentLoop` is an `AgentLoopBase` registered as "retool_env". Each sample runs one episode with
 `retool_env.rollout.run_episode`; `VerlServerGenerator` turns each turn into one `server_manager.generate(request_id,
-prompt_ids=..., sampling_params=...)` call (one request id per episode: verl's sticky session keeps the prefix cache).
-The output's `prompt_ids`, `response_ids`, `response_mask`, `response_logprobs` and `reward_score` are the
-trajectory's own; verl pads them. An episode whose generation is aborted, or whose logprobs are missing while verl
-asked for them, comes back in verl's aborted shape: an empty response (verl's metrics count `response_length == 0`
-as aborted) with no loss-bearing tokens, never with invented logprobs.
+prompt_ids=..., sampling_params=...)` call (one request id per episode: verl's sticky session keeps the prefix cache;
+under `rollout.full_determinism` it is `det-{priority}`, as verl's own loops derive it). The output's `prompt_ids`,
+`response_ids`, `response_mask`, `response_logprobs` and `reward_score` are the trajectory's own; verl pads them.
+What verl's own loops record comes along: the server's `extra_fields` (`global_steps`, `min_global_steps` /
+`max_global_steps`, which the v1 trainer's staleness control and metrics read), `metrics.num_preempted`, and a
+`reward_extra_info` (`acc`, `score`, `verl_strict_acc`, `num_tool_calls`) for verl's validation metrics.
+
+verl's trainers (`trainer.use_v1`, the default since verl 0.9, or the legacy one):
+
+- `sample_mode="episode"` (default): one `AgentLoopOutput` per episode, on both trainers.
+- `sample_mode="turn"`: a chat template that rewrites history (Qwen3) starts a new sample at each rewrite; the loop
+  returns a list of outputs (v1 only: `AgentLoopWorkerTQ` stores each, and verl's GRPO
+  `compute_advantage_for_multi_trajectories` takes each episode's last output and broadcasts its advantage to the
+  others, so a trajectory counts once in its group).
+- An aborted episode (the engine's "aborted", or SGLang's "abort"; logprobs missing while verl asked for them) is
+  played again from its prompt up to `abort_retries` times, then raises `EpisodeAborted`: it never gets an invented
+  reward. Under v1 the error marks the prompt's group "failure" and verl's replay buffer evicts the whole group
+  (metric `rollout_failure/evicted_samples`); the legacy trainer has no group filter, so there the error fails the
+  step.
 
 Plug in (verl's trainer config)::
 
@@ -17,29 +31,36 @@ Plug in (verl's trainer config)::
       env_kwargs: {tool_format: hermes, max_tool_calls: 8, max_observation_tokens: 512}
 
 and give each dataset row `agent_name: retool_env`, the raw problem as the last user message of `prompt`, and the
-answer in `reward_model.ground_truth` (verl's RLHFDataset columns). The environment renders the prompt itself and
-its completion budget is `rollout.response_length`. This module imports without verl; the agent loop class exists
-when verl does.
+answer in `reward_model.ground_truth` (verl's RLHFDataset columns; DAPO's instruction wrapper is stripped). The
+environment renders the prompt itself and its completion budget is `rollout.response_length`. This module imports
+without verl; the agent loop class exists when verl does.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 from uuid import uuid4
 
 from retool_adapters.chat_templates import training_env_kwargs
-from retool_env.data import Problem
+from retool_env.data import Problem, strip_dapo_template
 from retool_env.env import ToolEnvironment
+from retool_env.grading import strict_box_correct
 from retool_env.rollout import EpisodeAborted, Generation, SamplingParams, run_episode
 from retool_env.trajectory import Trajectory
 
 from .generators._common import LogprobsMismatchError, TurnGenerator
 
-__all__ = ["AGENT_NAME", "VerlServerGenerator", "agent_loop_fields", "problem_from_row"]
+__all__ = ["AGENT_NAME", "VerlServerGenerator", "agent_loop_fields", "agent_loop_outputs", "problem_from_row"]
+
+logger = logging.getLogger(__name__)
 
 AGENT_NAME = "retool_env"
+ABORT_REASONS = ("aborted", "abort")  # verl's vLLM server reports "aborted", its SGLang server "abort"
+SPEC_DECODE_EXTRA_KEYS = ("spec_num_draft_tokens", "spec_num_accepted_tokens", "spec_num_verify_steps")
 
 
 class VerlServerGenerator(TurnGenerator):
@@ -48,17 +69,22 @@ class VerlServerGenerator(TurnGenerator):
 
     `base_params` are verl's own sampling params for the batch (`logprobs`, `repetition_penalty`, ...); each turn adds
     the environment's `max_tokens` and stops. `backend` names the rollout engine, which decides how a stop string is
-    kept in the output (vLLM `include_stop_str_in_output`, SGLang `no_stop_trim`).
+    kept in the output (vLLM `include_stop_str_in_output`, SGLang `no_stop_trim`). `priority` goes to the server
+    (vLLM's scheduler). Like verl's `ToolAgentLoop`, the generator keeps the first turn's `extra_fields`, the last
+    turn's `max_global_steps` and the sum of `num_preempted` (-1: the server does not report it).
     """
 
     def __init__(self, server_manager: Any, *, request_id: str | None = None,
-                 base_params: Mapping[str, Any] | None = None, backend: str = "vllm") -> None:
+                 base_params: Mapping[str, Any] | None = None, backend: str = "vllm", priority: int = 0) -> None:
         if backend not in ("vllm", "sglang"):
             raise ValueError(f"backend must be 'vllm' or 'sglang', not {backend!r}")
         self.server_manager = server_manager
         self.request_id = request_id or uuid4().hex
         self.base_params = dict(base_params or {})
         self.backend = backend
+        self.priority = int(priority)
+        self.extra_fields: dict[str, Any] = {}
+        self.num_preempted: int | None = None
 
     async def _generate(
         self, prompt_ids: list[int], max_tokens: int, stop_token_ids: list[int], stop: list[str],
@@ -71,9 +97,11 @@ class VerlServerGenerator(TurnGenerator):
                   **({"include_stop_str_in_output": True} if self.backend == "vllm" else {"no_stop_trim": True}),
                   **({"seed": sampling.seed} if sampling.seed is not None else {})}
         output = await self.server_manager.generate(self.request_id, prompt_ids=list(prompt_ids),
-                                                    sampling_params=params)
+                                                    sampling_params=params,
+                                                    **({"priority": self.priority} if self.priority else {}))
+        self._record(output)
         token_ids = [int(t) for t in output.token_ids]
-        if output.stop_reason == "aborted":
+        if output.stop_reason in ABORT_REASONS:
             return Generation(token_ids=token_ids, logprobs=None, finish_reason="abort")
         logprobs = None if output.log_probs is None else [float(v) for v in output.log_probs]
         if logprobs is not None and len(logprobs) != len(token_ids):
@@ -83,38 +111,89 @@ class VerlServerGenerator(TurnGenerator):
         finish_reason = "length" if len(token_ids) >= max_tokens and not stopped else "stop"
         return Generation(token_ids=token_ids, logprobs=logprobs, finish_reason=finish_reason)
 
+    def _record(self, output: Any) -> None:
+        """verl `ToolAgentLoop._handle_generating_state`'s bookkeeping of each turn's `TokenOutput`."""
+        preempted = getattr(output, "num_preempted", None)
+        if self.num_preempted is None:
+            self.num_preempted = -1 if preempted is None else int(preempted)
+        else:
+            self.num_preempted += int(preempted or 0)
+        extra = dict(getattr(output, "extra_fields", None) or {})
+        if not self.extra_fields:
+            self.extra_fields.update(extra)
+            return
+        if extra.get("max_global_steps") is not None:
+            self.extra_fields["max_global_steps"] = extra["max_global_steps"]
+        for key in SPEC_DECODE_EXTRA_KEYS:
+            if key in extra and key in self.extra_fields:
+                self.extra_fields[key] = int(self.extra_fields[key]) + int(extra[key])
+
 
 def problem_from_row(row: Mapping[str, Any]) -> Problem:
-    """The raw problem of a verl dataset row: the last user message of `raw_prompt`, `reward_model.ground_truth`."""
+    """The raw problem of a verl dataset row: `extra_info.question` or the last user message of `raw_prompt`
+    without DAPO's instruction wrapper (as `load_problems` strips it), and `reward_model.ground_truth`."""
     extra = row.get("extra_info") or {}
     question = extra.get("question")
     if question is None:
         question = next(m["content"] for m in reversed(list(row["raw_prompt"])) if m["role"] == "user")
     answer = (row.get("reward_model") or {}).get("ground_truth", extra.get("answer", ""))
-    return Problem(question=str(question), answer=str(answer), id=str(extra.get("index", row.get("index", ""))))
+    return Problem(question=strip_dapo_template(str(question)), answer=str(answer),
+                   id=str(extra.get("index", row.get("index", ""))))
 
 
-def agent_loop_fields(traj: Trajectory, *, with_logprobs: bool) -> dict[str, Any]:
-    """`AgentLoopOutput` fields of a finished episode (verl counts turns as 1 user + assistant + tool turns)."""
-    tool_turns = sum(turn.env_end > turn.end for turn in traj.turns)
-    return {
-        "prompt_ids": list(traj.prompt_ids),
-        "response_ids": list(traj.completion_ids),
-        "response_mask": list(traj.env_mask),
-        "response_logprobs": list(traj.logprobs) if with_logprobs else None,
-        "reward_score": traj.reward,
-        "num_turns": 1 + traj.num_turns + tool_turns,
-        "extra_fields": {"correct": traj.correct, "num_tool_calls": traj.num_tool_calls,
-                         "finish_reason": traj.finish_reason, "aborted": False},
-    }
+def reward_extra_info(traj: Trajectory, verl_text: str | None = None) -> dict[str, float]:
+    """What verl's reward managers return beside the score, for its metrics (`acc` is the accuracy verl's
+    validation reports as `val-core`). `verl_strict_acc` is verl's `math_dapo` strict box verdict on `verl_text`,
+    the whole response decoded as verl's reward manager decodes it, where the environment grades the answer turn."""
+    info = {"acc": float(bool(traj.correct)), "score": float(traj.reward), "num_tool_calls": float(traj.num_tool_calls)}
+    if verl_text is not None:
+        info["verl_strict_acc"] = float(strict_box_correct(verl_text, traj.gold))
+    return info
 
 
-def aborted_fields(prompt_ids: Sequence[int], reason: str, *, with_logprobs: bool) -> dict[str, Any]:
-    """verl's shape of an aborted sample: the prompt and an empty response, so nothing enters the loss."""
-    return {"prompt_ids": list(prompt_ids), "response_ids": [], "response_mask": [],
-            "response_logprobs": [] if with_logprobs else None, "reward_score": 0.0, "num_turns": 0,
-            "extra_fields": {"correct": None, "num_tool_calls": 0, "finish_reason": f"aborted: {reason}",
-                             "aborted": True}}
+def agent_loop_fields(traj: Trajectory, *, with_logprobs: bool, engine_fields: Mapping[str, Any] | None = None,
+                      verl_text: str | None = None) -> dict[str, Any]:
+    """`AgentLoopOutput` fields of a finished one-sample episode (verl counts turns as 1 user + assistant + tool
+    turns). `engine_fields` are the server's `extra_fields` (staleness tags), kept under the environment's own."""
+    outputs = agent_loop_outputs(traj, with_logprobs=with_logprobs, engine_fields=engine_fields, verl_text=verl_text)
+    if len(outputs) != 1:
+        raise ValueError(f"the episode has {len(outputs)} samples (sample_mode='turn'): use agent_loop_outputs")
+    return outputs[0]
+
+
+def agent_loop_outputs(traj: Trajectory, *, with_logprobs: bool, engine_fields: Mapping[str, Any] | None = None,
+                       verl_text: str | None = None) -> list[dict[str, Any]]:
+    """One `AgentLoopOutput`'s fields per training sample of the episode (one unless `sample_mode="turn"` split it),
+    each with the episode's reward and `reward_extra_info`."""
+    extra = {**dict(engine_fields or {}), "correct": traj.correct, "num_tool_calls": traj.num_tool_calls,
+             "finish_reason": traj.finish_reason, "aborted": False, "turn_scores": [], "tool_rewards": [],
+             "reward_extra_info": reward_extra_info(traj, verl_text)}
+    outputs = []
+    for sample in traj.samples:
+        turns = [traj.turns[i] for i in sample.turns]
+        tool_turns = sum(turn.env_end > turn.end for turn in turns)
+        outputs.append({
+            "prompt_ids": list(sample.prompt_ids),
+            "response_ids": list(sample.completion_ids),
+            "response_mask": list(sample.env_mask),
+            "response_logprobs": list(sample.logprobs) if with_logprobs else None,
+            "reward_score": traj.reward,
+            "num_turns": 1 + len(turns) + tool_turns,
+            "extra_fields": {**extra, "reward_extra_info": dict(extra["reward_extra_info"])},
+        })
+    return outputs
+
+
+_training_kwargs: dict[tuple[int, str], tuple[Any, dict[str, Any]]] = {}
+
+
+def cached_training_env_kwargs(tokenizer: Any, env_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """`training_env_kwargs` once per tokenizer and configuration in a process: verl builds the agent loop for
+    every sample, and the template check renders the template several times and logs its choice."""
+    key = (id(tokenizer), json.dumps(dict(env_kwargs), sort_keys=True, default=repr))
+    if key not in _training_kwargs:  # the tokenizer is kept with the entry, so its id is not reused
+        _training_kwargs[key] = (tokenizer, training_env_kwargs(tokenizer, env_kwargs))
+    return dict(_training_kwargs[key][1])
 
 
 try:
@@ -127,44 +206,66 @@ else:
     @register(AGENT_NAME)
     class ReToolAgentLoop(AgentLoopBase):
         """One ReTool-Env episode per sample. `env_kwargs` go to `ToolEnvironment` (tool_format, prompt, sandbox,
-        reward, max_tool_calls, ...); `backend` is the rollout engine ("vllm" or "sglang")."""
+        reward, max_tool_calls, sample_mode, ...); `backend` is the rollout engine ("vllm" or "sglang");
+        `abort_retries` is how often an aborted episode is played again before it raises."""
 
         def __init__(self, *args: Any, env_kwargs: Mapping[str, Any] | None = None, backend: str | None = None,
-                     **kwargs: Any) -> None:
+                     abort_retries: int = 2, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            env_kwargs = {"max_completion_tokens": int(self.config.actor_rollout_ref.rollout.response_length),
-                          **dict(env_kwargs or {})}
-            if env_kwargs.get("sample_mode", "episode") != "episode":  # AgentLoopOutput holds one sequence
-                raise ValueError("verl's agent loop returns one sequence per sample: keep sample_mode='episode' (a "
-                                 "template that rewrites history is swapped for TRL's training version)")
-            self.env_kwargs = training_env_kwargs(self.tokenizer, env_kwargs)
-            self.backend = backend or str(self.config.actor_rollout_ref.rollout.get("name", "vllm"))
+            rollout = self.config.actor_rollout_ref.rollout
+            env_kwargs = {"max_completion_tokens": int(rollout.response_length), **dict(env_kwargs or {})}
+            self.per_turn = env_kwargs.get("sample_mode", "episode") == "turn"
+            trainer = self.config.get("trainer") or {}
+            if self.per_turn and not trainer.get("use_v1", True):
+                raise ValueError("sample_mode='turn' returns several outputs per episode, which only verl's v1 "
+                                 "trainer takes (trainer.use_v1=true); the legacy trainer needs "
+                                 "sample_mode='episode'")
+            self.env_kwargs = cached_training_env_kwargs(self.tokenizer, env_kwargs)
+            self.backend = backend or str(rollout.get("name", "vllm"))
+            self.full_determinism = bool(rollout.get("full_determinism", False))
+            self.abort_retries = int(abort_retries)
 
-        async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        async def run(self, sampling_params: dict[str, Any], priority: int = 0,
+                      **kwargs: Any) -> AgentLoopOutput | list[AgentLoopOutput]:
             problem = problem_from_row(kwargs)
-            env = ToolEnvironment(self.tokenizer, [problem], **self.env_kwargs)
+            priority = int(priority)  # may arrive as np.int64 from the non-tensor batch
             with_logprobs = bool(sampling_params.get("logprobs"))
-            base = {k: v for k, v in sampling_params.items() if k not in ("temperature", "top_p", "top_k")}
-            generator = VerlServerGenerator(self.server_manager, base_params=base,
-                                            backend="sglang" if self.backend == "sglang" else "vllm")
             sampling = SamplingParams(temperature=float(sampling_params.get("temperature", 1.0)),
                                       top_p=float(sampling_params.get("top_p", 1.0)),
                                       top_k=int(sampling_params.get("top_k", -1)))
             start = time.perf_counter()
-            try:
-                traj = await run_episode(env, generator, problem=problem, sampling=sampling,
-                                         require_logprobs=with_logprobs)
-                fields = agent_loop_fields(traj, with_logprobs=with_logprobs)
-            except (EpisodeAborted, LogprobsMismatchError) as exc:
-                fields = aborted_fields(env.trajectory.prompt_ids, str(exc), with_logprobs=with_logprobs)
-                traj = None
-            finally:
-                env.close()
+            for attempt in range(self.abort_retries + 1):
+                generator = self._generator(sampling_params, priority)
+                env = ToolEnvironment(self.tokenizer, [problem], **self.env_kwargs)
+                try:
+                    traj = await run_episode(env, generator, problem=problem, sampling=sampling,
+                                             require_logprobs=with_logprobs)
+                    break
+                except (EpisodeAborted, LogprobsMismatchError) as exc:
+                    logger.warning("episode aborted (attempt %d of %d): %s", attempt + 1, self.abort_retries + 1, exc)
+                    error = exc
+                finally:
+                    env.close()
+            else:
+                raise EpisodeAborted(f"the episode aborted {self.abort_retries + 1} times ({error}); it has no "
+                                     "reward, so verl drops its group (v1) or fails the step (legacy)") from error
+            text = self.tokenizer.decode(traj.completion_ids, skip_special_tokens=True)
+            fields = agent_loop_outputs(traj, with_logprobs=with_logprobs, engine_fields=generator.extra_fields,
+                                        verl_text=text)
             prompt_length = int(self.config.actor_rollout_ref.rollout.prompt_length)
-            if len(fields["prompt_ids"]) > prompt_length:  # verl pads prompts to this length and cannot cut ours
-                raise ValueError(f"the environment's prompt has {len(fields['prompt_ids'])} tokens, more than "
+            longest = max(len(f["prompt_ids"]) for f in fields)
+            if longest > prompt_length:  # verl pads prompts to this length and cannot cut ours
+                raise ValueError(f"the environment's prompt has {longest} tokens, more than "
                                  f"rollout.prompt_length={prompt_length}; raise rollout.prompt_length")
-            tool_seconds = sum(call.duration for call in traj.tool_calls) if traj else 0.0
-            metrics = AgentLoopMetrics(generate_sequences=time.perf_counter() - start - tool_seconds,
-                                       tool_calls=tool_seconds)
-            return AgentLoopOutput(**fields, metrics=metrics)
+            tool_seconds = sum(call.duration for call in traj.tool_calls)
+            outputs = [AgentLoopOutput(**f, metrics=AgentLoopMetrics(
+                generate_sequences=time.perf_counter() - start - tool_seconds, tool_calls=tool_seconds,
+                num_preempted=generator.num_preempted if generator.num_preempted is not None else -1))
+                for f in fields]
+            return outputs if self.per_turn else outputs[0]
+
+        def _generator(self, sampling_params: Mapping[str, Any], priority: int) -> VerlServerGenerator:
+            base = {k: v for k, v in sampling_params.items() if k not in ("temperature", "top_p", "top_k")}
+            request_id = f"det-{priority}" if self.full_determinism else None
+            return VerlServerGenerator(self.server_manager, request_id=request_id, base_params=base,
+                                       backend="sglang" if self.backend == "sglang" else "vllm", priority=priority)

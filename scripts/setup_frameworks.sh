@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Create .venv-frameworks: the project plus the RL frameworks its adapters plug into (verl, SkyRL-gym, OpenEnv), for
-# tests/test_adapter_*.py. A separate venv because verl declares transformers<5.11 while the project needs >=5.19:
+# Create .venv-frameworks: the project plus the RL frameworks its adapters plug into (verl with its v1 trainer's
+# transferqueue, SkyRL-gym, OpenEnv), for tests/test_adapter_*.py. A separate venv because verl declares
+# transformers<5.11 while the project needs >=5.19:
 # verl goes in with --no-deps plus what `verl.experimental.agent_loop` imports, and its agent loop runs on 5.24.
 # slime is not on PyPI (its tests use a stand-in of its Sample). Idempotent: re-runs only when pyproject.toml,
 # constraints.txt or this script changed. About 5 minutes and 2 GiB the first time.
@@ -17,9 +18,13 @@ $pip torch==2.13.0                      # the CPU build first, so nothing below 
 $pip -e ".[dev]" skyrl-gym==0.4.0 openenv-core==0.3.0
 $pip --no-deps verl==0.9.1
 $pip ray==2.60.0 hydra-core==1.3.8 tensordict==0.10.0 datasets==5.2.0 codetiming==1.4.0 dill==0.4.1 \
-    pandas==3.1.1 pylatexenc==2.11 pillow==12.3.0 cachetools==8.0.2
+    pandas==3.1.1 pylatexenc==2.11 pillow==12.3.0 cachetools==8.0.2 peft==0.21.2
+# verl's v1 (TransferQueue) trainer, its default since 0.9: transferqueue without ray[default]'s dashboard extras.
+$pip --no-deps transferqueue==0.1.11 torchdata==0.11.0
+$pip pyzmq==27.3.0 msgspec==0.23.0 prometheus_client==0.26.0 psutil==7.2.2
 $venv/bin/python -c "
-import verl.experimental.agent_loop.agent_loop, skyrl_gym, openenv.core, uvicorn, transformers, retool_adapters
+import verl.experimental.agent_loop.agent_loop, verl.trainer.ppo.v1.agent_loop_tq, verl.trainer.ppo.v1.trainer_sync
+import skyrl_gym, openenv.core, uvicorn, transformers, retool_adapters
 from importlib.metadata import version as v
 print('verl', v('verl'), 'skyrl-gym', v('skyrl-gym'), 'openenv-core', v('openenv-core'), 'transformers', v('transformers'))"
 echo "$want" > "$stamp"

@@ -126,8 +126,9 @@ def rollout_sampling_params(args: SimpleNamespace) -> dict[str, Any]:
 async def generate_and_rm_group(args: SimpleNamespace, group: list[Sample], generate: Any, rm: Any,
                                 evaluation: bool = False) -> list[Sample]:
     """slime's `generate_and_rm_group`: a seed per sample under deterministic inference (slime's key
-    "sampling_seed", vime's "seed"), the custom generate function (with `evaluation=` when it takes it), the reward
-    per sample unless the sample is ABORTED or already has one, or for the whole group with `--group-rm`."""
+    "sampling_seed", vime's "seed"), the custom generate function (with `evaluation=` when it takes it; it may return
+    a `Sample` or a `list[Sample]`), the reward per sample unless the sample is ABORTED or already has one, or for
+    the whole group with `--group-rm`."""
     samples = []
     for i, sample in enumerate(group):
         params = rollout_sampling_params(args)
@@ -139,8 +140,13 @@ async def generate_and_rm_group(args: SimpleNamespace, group: list[Sample], gene
             sample = await generate(args, sample, params, evaluation=evaluation)
         else:
             sample = await generate(args, sample, params)
-        if not args.group_rm and sample.status is not Sample.Status.ABORTED and sample.reward is None:
-            sample.reward = await rm(args, sample)
+        # A custom generate function may return several samples for one rollout (slime's generate_and_rm):
+        # none is scored when one is ABORTED, else each without a reward.
+        parts = sample if isinstance(sample, list) else [sample]
+        if not args.group_rm and all(s.status is not Sample.Status.ABORTED for s in parts):
+            for s in parts:
+                if s.reward is None:
+                    s.reward = await rm(args, s)
         samples.append(sample)
     if args.group_rm:
         for sample, reward in zip(samples, await rm(args, samples), strict=True):

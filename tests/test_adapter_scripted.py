@@ -79,13 +79,14 @@ def local_reference(tok, script: str, **env_kwargs) -> Record:
 class ScriptedEngine:
     """Plays a script turn by turn whatever the prompt, checking each prompt extends the previous one (TITO)."""
 
-    def __init__(self, actions: Sequence[Sequence[int]], logprobs: bool = True) -> None:
+    def __init__(self, actions: Sequence[Sequence[int]], logprobs: bool = True, append_only: bool = True) -> None:
         self.actions, self.logprobs = [list(a) for a in actions], logprobs
+        self.append_only = append_only  # False for sample_mode="turn", where the template rewrites the context
         self.prompts: list[list[int]] = []
 
     def next(self, prompt_ids: Sequence[int]) -> Generation:
         prompt_ids = list(prompt_ids)
-        if self.prompts:
+        if self.prompts and self.append_only:
             previous = self.prompts[-1] + self.actions[len(self.prompts) - 1]
             assert prompt_ids[: len(previous)] == previous, "the next prompt must extend the last prompt + action"
         action = self.actions[len(self.prompts)]
@@ -107,3 +108,31 @@ def test_the_reference_episodes(qwen_tok, script):
     traj = asyncio.run(run_episode(make_env(qwen_tok, script), ScriptedEngine(action_ids(qwen_tok, script)),
                                    problem=PROBLEM))
     assert Record(traj.prompt_ids, traj.completion_ids, traj.env_mask, traj.logprobs, traj.reward) == ref
+
+
+# A chat template that drops each turn's reasoning from history (like DeepSeek-R1-Distill's), and episodes whose
+# tool call therefore starts a new sample under sample_mode="turn": two samples per episode.
+TURN_TEMPLATE = str(__import__("pathlib").Path(__file__).parent / "fixtures" / "chat_templates" /
+                    "strip_reasoning.jinja")
+TURN_SCRIPTS: dict[str, list[str]] = {
+    "correct": ["Compute it.\n</think>\n\n" + tool_call("print(123 * 456)") + "<|im_end|>",
+                "Done.\n</think>\n\n\\boxed{56088}<|im_end|>"],
+    "wrong": ["Guess.\n</think>\n\n" + tool_call("print(2 + 2)") + "<|im_end|>", "Done.\n</think>\n\n\\boxed{4}<|im_end|>"],
+}
+
+
+def turn_action_ids(tok, script: str) -> list[list[int]]:
+    return [tok.encode(text, add_special_tokens=False) for text in TURN_SCRIPTS[script]]
+
+
+def turn_reference(tok, script: str, **env_kwargs) -> list[Record]:
+    """The samples of a TURN_SCRIPTS episode played by hand on a local environment in sample_mode='turn'."""
+    env = ToolEnvironment(tok, [PROBLEM], tool_format="hermes", tool_timeout=10.0, chat_template=TURN_TEMPLATE,
+                          sample_mode="turn", **env_kwargs)
+    env.reset(options={"problem": PROBLEM})
+    for ids in turn_action_ids(tok, script):
+        env.step({"token_ids": ids, "logprobs": [LOGPROB] * len(ids)})
+    traj = env.trajectory
+    env.close()
+    assert len(traj.samples) == 2 and traj.num_tool_calls == 1
+    return [Record(s.prompt_ids, s.completion_ids, s.env_mask, s.logprobs, traj.reward) for s in traj.samples]

@@ -331,3 +331,85 @@ def test_the_engines_meta_info_reaches_the_sample(tok_path, backend):
     assert sample.prefix_cache_info == Sample.PrefixCacheInfo(cached_tokens=CACHED * turns,
                                                               total_prompt_tokens=prompts)
     assert sample.weight_versions == ([f"v{i + 1}" for i in range(turns)] if backend == "sglang" else [])
+
+
+# ------------------------------------------------------------------ issue fixes: DAPO prompts, evaluation aborts
+DAPO_PROMPT = ("Solve the following math problem step by step. The last line of your response should be of the form "
+               "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n" + PROBLEM.question
+               + '\n\nRemember to put your answer on its own line after "Answer:".')
+
+
+def test_dapos_instruction_wrapper_is_stripped_as_load_problems_does(qwen_tok, tok_path):
+    """slime's dapo-math-17k jsonl wraps each problem in DAPO's instruction; the environment renders its own."""
+    sample, engine = run(tok_path, "sglang", "hermes_correct", prompt=DAPO_PROMPT)
+    assert sample.status is Sample.Status.COMPLETED
+    assert engine.requests[0]["input_ids"] == local_reference(qwen_tok, "hermes_correct").prompt_ids
+    assert slime.problem_from_sample(Sample(prompt=[{"role": "user", "content": DAPO_PROMPT}])).question == (
+        PROBLEM.question)
+
+
+def test_an_aborted_evaluation_episode_is_replayed_then_raises(tok_path):
+    """slime's eval reads `sample.reward[key]` of every sample, so an ABORTED one (reward None) would be a
+    TypeError there: evaluation plays the episode again, and says why when it keeps aborting."""
+    engine = Engine("sglang", [[]] * 3, mode="abort")
+    args = engine_args(engine, tok_path, "hermes_correct", reward_key="score")
+    sample = Sample(index=0, prompt=PROBLEM.question, label=PROBLEM.answer)
+    try:
+        with pytest.raises(slime.EpisodeAborted, match="aborted 3 times"):
+            asyncio.run(slime.generate(args, sample, rollout_sampling_params(args), evaluation=True))
+    finally:
+        engine.close()
+    assert len(engine.requests) == 3
+
+
+# ------------------------------------------------------------------ per-turn samples (sample_mode="turn")
+def play_turn_group(tok_path, scripts, **overrides):
+    from retool_env.offline import qwen_tokenizer
+
+    from .test_adapter_scripted import TURN_TEMPLATE, turn_action_ids
+
+    engines = [Engine("sglang", turn_action_ids(qwen_tokenizer(), s)) for s in scripts]
+    settings = {"retool_env": {"tool_format": "hermes", "tool_timeout": 10.0, "chat_template": TURN_TEMPLATE,
+                               "sample_mode": "turn"}, **overrides}
+    args = engine_args(engines[0], tok_path, "hermes", **settings)
+    group = [Sample(group_index=0, index=i, prompt=PROBLEM.question, label=PROBLEM.answer)
+             for i in range(len(scripts))]
+
+    async def generate(args, sample, params, evaluation=False):
+        per_sample = SimpleNamespace(**{**vars(args), "retool_router_url": engines[sample.index].url})
+        return await slime.generate(per_sample, sample, params, evaluation=evaluation)
+
+    try:
+        return asyncio.run(generate_and_rm_group(args, group, generate, slime.reward_func)), args
+    finally:
+        for engine in engines:
+            engine.close()
+
+
+def test_per_turn_samples_reach_slime_with_one_advantage_per_trajectory(qwen_tok, tok_path):
+    from .test_adapter_scripted import turn_reference
+
+    post = "retool_adapters.slime.trajectory_rewards"
+    group, args = play_turn_group(tok_path, ["correct", "wrong"], custom_reward_post_process_path=post,
+                                  n_samples_per_prompt=2, rewards_normalization=True, grpo_std_normalization=True,
+                                  advantage_estimator="grpo")
+    for trajectory, script in zip(group, ["correct", "wrong"], strict=True):
+        refs = turn_reference(qwen_tok, script)
+        assert isinstance(trajectory, list) and len(trajectory) == len(refs) == 2
+        assert len({s.rollout_id for s in trajectory}) == 1 and trajectory[0].rollout_id is not None
+        for s, ref in zip(trajectory, refs, strict=True):
+            n = len(ref.prompt_ids)
+            assert Record(s.tokens[:n], s.tokens[n:], s.loss_mask, s.rollout_log_probs, s.reward) == ref
+    flat = [s for trajectory in group for s in trajectory]  # slime flattens the rollout before training
+    to_train_data(args, flat)
+    raw, rewards = slime.trajectory_rewards(args, flat)
+    assert raw == [1.0, 1.0, pytest.approx(-0.9), pytest.approx(-0.9)]
+    # Two trajectories (+1, -0.9) normalised as two, each value on both of its samples.
+    assert rewards == pytest.approx([0.7071, 0.7071, -0.7071, -0.7071], abs=1e-3)
+    # The abort filter looks inside per-turn lists.
+    assert dynamic_filter_keeps(slime.drop_aborted_groups, args, group) == (True, None)
+
+
+def test_per_turn_samples_without_the_trajectory_rewards_are_refused(tok_path):
+    with pytest.raises(ValueError, match="custom-reward-post-process-path"):
+        play_turn_group(tok_path, ["correct"])
