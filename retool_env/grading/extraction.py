@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
+from retool_env.reasoning import split_reasoning
+
 MAX_ANSWER_CHARS = 1000
 """Longer predictions are rejected unread: no MATH-500 answer is over 160 characters, and sympy can choke on them."""
 
@@ -20,7 +22,15 @@ _NOT_ANSWER_TEXT = re.compile(
     r"```.*?(?:```|\Z)|<(code|interpreter|tool_call|tool_response)>.*?(?:</\1>|\Z)", re.DOTALL | re.IGNORECASE
 )
 _ANSWER_BLOCK = re.compile(r"<answer>(.*?)(?:</answer>|\Z)", re.DOTALL | re.IGNORECASE)
-_ANSWER_LINE = re.compile(r"(?i)(?P<final>\bfinal\s+)?\banswer\s*(?:\*\*)?\s*[:：]\s*(?:\*\*)?[ \t]*(?P<value>[^\n]*)")
+# One `\s*` before the colon, never two in a row: "answer" and a run of spaces would backtrack quadratically.
+_ANSWER_LINE = re.compile(r"(?i)(?P<final>\bfinal\s+)?\banswer(?:\s*\*\*)?\s*[:：]\s*(?:\*\*)?[ \t]*(?P<value>[^\n]*)")
+# Where the model's turn ends: another role's turn starts, or the text ends (base models run on into them).
+_TURN_BOUNDARY = re.compile(
+    r"<\|im_start\|>[ \t\n]*(?:user|system|tool)\b|<\|start_header_id\|>[ \t\n]*(?:user|system|ipython|tool)\b"
+    r"|<\|start\|>[ \t\n]*(?:user|system|developer|functions)\b|<start_of_turn>[ \t\n]*user\b"
+    r"|<\|(?:user|system|endoftext|return)\|>|<｜(?:User|end▁of▁sentence)｜>|</s>"
+)
+_SEPARATOR_CHARS = " \t\n,;.\"'`"
 _SENTENCE_END = re.compile(r"\.\s+(?=[A-Z])")  # "7.78. I hope it is correct." ends after 7.78
 _PROSE_VERB = re.compile(r"\b(?:is|are|equals)\b:?\s*")
 _MATH_SPAN = re.compile(r"(?<!\\)\$+((?:[^$\\]|\\.)+?)(?<!\\)\$+")  # "\\$" is a dollar sign, not math
@@ -44,7 +54,7 @@ def braced_content(text: str, start: int) -> str | None:
 def _boxes(text: str) -> list[tuple[int, str]]:
     """(position, content) of each closed outermost `\\boxed{}`/`\\fbox{}`, in one linear scan: an unclosed
     (truncated) box is skipped, a box inside a box is content."""
-    found: list[tuple[int, str]] = []
+    found: list[tuple[int, int, int]] = []  # (position, content start, content end); sliced once at the end
     opened: list[tuple[int, int] | None] = []  # per open brace: a box's (position, content start), else None
     for match in _BOX_OR_BRACE.finditer(text):
         kind = match.lastgroup
@@ -57,8 +67,8 @@ def _boxes(text: str) -> list[tuple[int, str]]:
             if box is not None:
                 while found and found[-1][0] > box[0]:
                     found.pop()  # closed inside this box: content, not an answer of its own
-                found.append((box[0], text[box[1] : match.start()].strip()))
-    return found
+                found.append((box[0], box[1], match.start()))
+    return [(position, text[start:end].strip()) for position, start, end in found]
 
 
 def _joined(contents: list[str]) -> str | None:
@@ -85,9 +95,13 @@ def _line_value(line: str) -> str | None:
         stated = _last(_PROSE_VERB.finditer(line))
         if stated is not None and line[stated.end() :].strip():
             line = line[stated.end() :]
-    span = _MATH_SPAN.search(line)
-    if span:
-        line = span.group(1)
+    spans = list(_MATH_SPAN.finditer(line))
+    edges = [0, *(i for span in spans for i in span.span()), len(line)]
+    gaps = [line[start:end] for start, end in zip(edges[::2], edges[1::2], strict=True)]
+    if len(spans) > 1 and all(gap.strip(_SEPARATOR_CHARS) in ("", "and") for gap in gaps):
+        line = ", ".join(span.group(1).strip() for span in spans)  # "$12 $ and $13 $" states 12, 13, as boxes do
+    elif spans:
+        line = spans[0].group(1)
     return line.strip().rstrip(".").strip() or None
 
 
@@ -107,8 +121,11 @@ def _final_answer(text: str) -> str | None:
 
 def extract_answer(text: str) -> str | None:
     """The model's final answer (the policy is in the package docstring): inside the last `<answer>` block when
-    there is one, its boxes, or the `Answer:` line stated after them, else None. Code blocks, `<interpreter>` output
-    and special tokens are ignored."""
+    there is one, its boxes, or the `Answer:` line stated after them, else None. Only the model's turn is read (up
+    to another role's turn or an end-of-text token), and only its content after a reasoning block (`</think>`).
+    Code blocks, `<interpreter>` output and special tokens are ignored."""
+    boundary = _TURN_BOUNDARY.search(text)
+    text = split_reasoning(text[: boundary.start()] if boundary else text)[1]
     text = SPECIAL_TOKEN.sub("", _NOT_ANSWER_TEXT.sub("\n", text))
     blocks = _ANSWER_BLOCK.findall(text)
     if blocks:
