@@ -8,6 +8,7 @@ the episode is the full rendering of the conversation, in both sample modes.
 
 from __future__ import annotations
 
+import base64
 import copy
 import functools
 
@@ -139,7 +140,8 @@ def test_tool_output_never_becomes_a_special_token(name, mode):
     template rewrites history, the whole next context) holds exactly the special tokens of a benign result."""
     def next_context(printed: str) -> tuple[list[int], str]:
         env = ToolEnvironment(family_tokenizer(name), [PROBLEM], sample_mode=mode)
-        turn = turns_for(env)[0].replace("print(6 * 7)", f"print({printed!r}, end='')")
+        code = f"import base64; print(base64.b64decode({base64.b64encode(printed.encode())!r}).decode(), end='')"
+        turn = turns_for(env)[0].replace(call("print(6 * 7)"), call(code))  # the model's text spells no markup
         obs, *_, info = env.step([*encode(env.tokenizer, turn), env.format.turn_end_id])
         assert info["tool_results"][0]["status"] == "ok"
         return obs.tolist(), env.tokenizer.decode(obs.tolist())
