@@ -35,6 +35,7 @@ _TURN_BOUNDARY = re.compile(
 _SEPARATOR_CHARS = " \t\n,;.\"'`"
 _SENTENCE_END = re.compile(r"\.\s+(?=[A-Z])")  # "7.78. I hope it is correct." ends after 7.78
 _PROSE_VERB = re.compile(r"\b(?:is|are|equals)\b:?\s*")
+_DOLLAR_RUN = re.compile(r"\${3,}")  # LaTeX has no "$$$": a run backtracks in _MATH_SPAN at every start
 _MATH_SPAN = re.compile(r"(?<!\\)\$+((?:[^$\\]|\\.)+?)(?<!\\)\$+")  # "\\$" is a dollar sign, not math
 # A leading character class lets the engine skip to the next backslash or brace (an alternation makes it try every
 # position); a backslash alone (not a box, not an escaped brace) is skipped.
@@ -96,7 +97,7 @@ def _last(matches: Iterator[re.Match[str]]) -> re.Match[str] | None:
 
 def _line_value(line: str) -> str | None:
     """The value an `Answer:` line states: `The largest $n$ is 34. I hope it is correct.` states 34."""
-    line = line[: MAX_ANSWER_CHARS + 1].strip().strip("*").strip()  # longer is rejected anyway
+    line = _DOLLAR_RUN.sub("$$", line[: MAX_ANSWER_CHARS + 1]).strip().strip("*").strip()  # longer: rejected
     line = _SENTENCE_END.split(line, maxsplit=1)[0]
     if line[:1].isalpha():  # prose: the value follows its last "is"
         stated = _last(_PROSE_VERB.finditer(line))
