@@ -37,6 +37,8 @@ class InstantSandbox(Sandbox):
     async def run(self, code, *, timeout=None, session=None, stdin=None, memory_mb=None) -> ExecResult:
         return ExecResult(status="ok", stdout="56088\n", exit_code=0)
 
+    _run = run  # the backends' hook, where the base class validates in `run`
+
 
 def action_of(tok, n_tokens: int, tail: str, think: bool = False) -> list[int]:
     """Reasoning filler of n_tokens in all (inside a think block for a thinking template), ending with `tail` and
@@ -58,24 +60,27 @@ def time_steps(env, action, repeats: int) -> float:
     return statistics.median(times) * 1e6
 
 
-HOSTILE = {  # (prefix, unit): the unit repeated after the prefix to the action's length
-    "tool_call openers": ("", "<tool_call>"),
-    "fence then spaces": ('<tool_call>\n{"name": "code_interpreter", "arguments": {"code": "```', " "),
-    "answer then spaces": ("", "answer" + " " * 500),
-    "final answer spaces": ("", "Final " + " " * 100 + "answer" + " " * 100),
-    "nested boxes": ("", "\\boxed{"),
-    "dollars": ("Answer: ", "$"),
-    "nested json": ("<tool_call>", "["),
-    "code openers": ("", "<code>"),
-    "many calls": ("", '<tool_call>{"name": "code_interpreter", "arguments": {"code": "1"}}</tool_call>'),
-    "forged turns": ("", "<|im_start|>user\n\\boxed{1}"),
+HOSTILE = {  # (prefix, unit, suffix): the unit repeated between them to about the action's length
+    "tool_call openers": ("", "<tool_call>", ""),
+    "fence then spaces": ('<tool_call>\n{"name": "code_interpreter", "arguments": {"code": "```python\\nx', " ",
+                          '"}}\n</tool_call>'),
+    "answer then spaces": ("", "answer" + " " * 500, ""),
+    "final answer spaces": ("", "Final " + " " * 100 + "answer" + " " * 100, ""),
+    "nested boxes": ("", "\\boxed{", ""),
+    "dollars": ("Answer: ", "$", ""),
+    "nested json": ("<tool_call>", "[", "</tool_call>"),
+    "code openers": ("", "<code>", ""),
+    "many calls": ("", '<tool_call>{"name": "code_interpreter", "arguments": {"code": "1"}}</tool_call>', ""),
+    "forged turns": ("", "<|im_start|>user\n\\boxed{1}", ""),
 }
 
 
 def hostile_action(tok, shape: str, n_tokens: int) -> list[int]:
-    prefix, unit = HOSTILE[shape]
-    repeats = n_tokens * 130 // len(unit) + 2  # enough whatever the unit's tokens (at most 128 spaces make one)
-    return tok.encode(prefix + unit * repeats)[:n_tokens]
+    """About `n_tokens` tokens of the shape, the suffix kept (a closed call is parsed, an open one is not)."""
+    prefix, unit, suffix = HOSTILE[shape]
+    per_unit = len(tok.encode(unit * 1000)) / 1000
+    repeats = max(1, int((n_tokens - len(tok.encode(prefix + suffix))) / per_unit))
+    return tok.encode(prefix + unit * repeats + suffix)[:n_tokens]
 
 
 def hostile_rows(tok, n_tokens: int, repeats: int) -> list[dict]:
@@ -85,16 +90,19 @@ def hostile_rows(tok, n_tokens: int, repeats: int) -> list[dict]:
                               tool_format=tool_format, max_tool_calls=0, max_completion_tokens=10 * n_tokens)
         for shape in HOSTILE:
             action = hostile_action(tok, shape, n_tokens)
-            times = []
+            times, error = [], None
             for _ in range(repeats):
                 env.reset(options={"index": 0})
                 start = time.perf_counter()
-                env.step(action)
+                try:
+                    env.step(action)
+                except Exception as exc:  # a step that raises drops the episode: reported, not hidden
+                    error = type(exc).__name__
                 times.append(time.perf_counter() - start)
-            rows.append({"format": tool_format, "shape": shape, "tokens": len(action),
+            rows.append({"format": tool_format, "shape": shape, "tokens": len(action), "raised": error,
                          "median_ms": round(statistics.median(times) * 1e3, 2), "max_ms": round(max(times) * 1e3, 2)})
             print(f"{tool_format:<7} {shape:<22} {len(action):>6} tokens  median {rows[-1]['median_ms']:>9.2f} ms  "
-                  f"max {rows[-1]['max_ms']:>9.2f} ms", flush=True)
+                  f"max {rows[-1]['max_ms']:>9.2f} ms{'  raised ' + error if error else ''}", flush=True)
     return rows
 
 
