@@ -210,6 +210,9 @@ def _escape_raw_control_chars(text: str) -> str:
     return "".join(out)
 
 
+MAX_CALLS_PER_TURN = 32
+"""Tool calls read from one turn; more are answered with one error (far above `max_tool_calls`' usual values)."""
+
 _CALL_FORMAT = (f"Write {{\"name\": \"{TOOL_NAME}\", \"arguments\": {{\"code\": \"...\"}}}} between <tool_call> and "
                 "</tool_call>.")
 
@@ -312,7 +315,10 @@ class HermesFormat(ToolFormat):
 
     def _parse_text(self, text: str, ended: bool) -> ParsedAction:
         blocks, unclosed = tool_call_blocks(text)
-        calls = [parse_hermes_call(block) for block in blocks]
+        calls = [parse_hermes_call(block) for block in blocks[:MAX_CALLS_PER_TURN]]
+        if len(blocks) > MAX_CALLS_PER_TURN:  # each call is a rendered tool turn: hundreds would stall the step
+            calls.append(ToolCall(None, f"{len(blocks) - MAX_CALLS_PER_TURN} more tool calls in this turn were not "
+                                        f"read: at most {MAX_CALLS_PER_TURN} are read per turn."))
         if unclosed:
             if not ended:  # cut off inside a call: the turn is unfinished, and no answer
                 return ParsedAction(tuple(calls), complete=False, in_call=True)

@@ -231,6 +231,16 @@ def test_nested_json_in_a_call_is_an_observation_not_a_crash(tiny_tok):
     assert not (terminated or truncated) and "nested too deeply" in info["tool_results"][0]["output"]
 
 
+def test_hundreds_of_calls_in_one_turn_are_answered_with_one_error(tiny_tok):
+    from retool_env.formats import MAX_CALLS_PER_TURN
+
+    env = make_env(tiny_tok)
+    env.reset(options={"index": 0})
+    *_, info = env.step(ids(tiny_tok, "<tool_call>{}</tool_call>" * 500))
+    results = info["tool_results"]
+    assert len(results) == MAX_CALLS_PER_TURN + 1 and "468 more tool calls" in results[-1]["output"]
+
+
 def test_runs_of_dollars_are_rejected_unread():
     """A run of dollar signs backtracked in the math-span pattern (164 ms for 1,000 on a loaded machine) and then
     went to math-verify; LaTeX has no such run."""
