@@ -307,3 +307,16 @@ def test_fuzzed_hostile_actions_step_quickly_and_never_raise(qwen_tok, parts, to
     assert len(traj.completion_ids) == len(traj.env_mask) == len(traj.logprobs)
     if terminated or truncated:
         assert info["finish_reason"] and isinstance(reward, float)
+
+
+def test_token_helpers_sit_below_chat_and_formats():
+    """tokens <- chat <- formats: no import circle, no upward import (issue 27)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, retool_env.chat; loaded = {m for m in sys.modules if m.startswith('retool_env.')}; "
+            "assert loaded == {'retool_env.chat', 'retool_env.tokens'}, loaded")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    from retool_env import formats, tokens
+
+    assert formats.encode is tokens.encode and formats.clip_tokens is tokens.clip_tokens  # old import paths work
