@@ -22,7 +22,11 @@ $pip ray==2.60.0 hydra-core==1.3.8 tensordict==0.10.0 datasets==5.2.0 codetiming
 # verl's v1 (TransferQueue) trainer, its default since 0.9: transferqueue without ray[default]'s dashboard extras.
 $pip --no-deps transferqueue==0.1.11 torchdata==0.11.0
 $pip pyzmq==27.3.0 msgspec==0.23.0 prometheus_client==0.26.0 psutil==7.2.2
+# OpenRLHF's agent API (retool_adapters.openrlhf): its trainer pulls deepspeed, vLLM and flash-attn, but
+# openrlhf.utils.agent imports only torch, transformers, sympy, pylatexenc and aiohttp, all above.
+$pip --no-deps openrlhf==0.11.2
 $venv/bin/python -c "
+import openrlhf.utils.agent
 import verl.experimental.agent_loop.agent_loop, verl.trainer.ppo.v1.agent_loop_tq, verl.trainer.ppo.v1.trainer_sync
 import skyrl_gym, openenv.core, uvicorn, transformers, retool_adapters
 from importlib.metadata import version as v
