@@ -25,8 +25,12 @@ $pip pyzmq==27.3.0 msgspec==0.23.0 prometheus_client==0.26.0 psutil==7.2.2
 # OpenRLHF's agent API (retool_adapters.openrlhf): its trainer pulls deepspeed, vLLM and flash-attn, but
 # openrlhf.utils.agent imports only torch, transformers, sympy, pylatexenc and aiohttp, all above.
 $pip --no-deps openrlhf==0.11.2
+# GEM (retool_adapters.gem): gem-llm pins msgspec==0.19.0 (and nltk) for its search tool and word games only, which
+# the adapter never imports; msgspec stays verl's 0.23.0. `import gem` loads reasoning-gym, installed with its deps.
+$pip --no-deps gem-llm==0.1.0
+$pip reasoning-gym==0.1.23
 $venv/bin/python -c "
-import openrlhf.utils.agent
+import openrlhf.utils.agent, gem
 import verl.experimental.agent_loop.agent_loop, verl.trainer.ppo.v1.agent_loop_tq, verl.trainer.ppo.v1.trainer_sync
 import skyrl_gym, openenv.core, uvicorn, transformers, retool_adapters
 from importlib.metadata import version as v
