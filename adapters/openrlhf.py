@@ -20,6 +20,10 @@ Qwen2.5 tokenizer):
 - The inline `retool` format needs generation to stop at `</code>`, and OpenRLHF's sampling parameters have no
   stop strings: use `tool_format="hermes"` (the default here), which stops at the chat template's `<|im_end|>`.
 
+OpenRLHF stops an episode whose context reaches `--data.max_len` without a last `step` (no reward from the
+environment, OpenRLHF's 0): keep the environment's `max_completion_tokens` below `max_len` minus the prompt so the
+environment ends it first, graded (`extra_logs["env_truncated"]`).
+
 Plug in: an agent file, with OpenRLHF's dataset giving the raw problem (no `--data.apply_chat_template`; the
 environment renders the prompt) and the answer as the label::
 
@@ -45,8 +49,9 @@ from retool_env.env import ToolEnvironment
 
 __all__ = ["ReToolAgentExecutor", "ReToolAgentInstance", "agent_executor"]
 
-# OpenRLHF builds each AgentInstance with no arguments inside `execute`; the executor passes its tokenizer this way.
-_current: contextvars.ContextVar[tuple[Any, dict[str, Any]]] = contextvars.ContextVar("retool_openrlhf_agent")
+# OpenRLHF builds each AgentInstance with no arguments inside `execute`; the executor passes its tokenizer this way,
+# and collects the instances to close what an episode cut short by OpenRLHF's `max_length` left open.
+_current: contextvars.ContextVar[tuple[Any, dict[str, Any], list]] = contextvars.ContextVar("retool_openrlhf_agent")
 
 
 class ReToolAgentInstance(AgentInstanceBase):
@@ -54,10 +59,11 @@ class ReToolAgentInstance(AgentInstanceBase):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         try:
-            self.tokenizer, self.env_kwargs = _current.get()
+            self.tokenizer, self.env_kwargs, instances = _current.get()
         except LookupError:
             raise RuntimeError("ReToolAgentInstance runs under ReToolAgentExecutor (see agent_executor)") from None
         self.env: ToolEnvironment | None = None
+        instances.append(self)
 
     async def reset(self, states: dict, **kwargs: Any) -> dict:
         """Start the episode on the dataset's raw problem (`observation`) and answer (`label`)."""
@@ -95,11 +101,15 @@ class ReToolAgentExecutor(MultiTurnAgentExecutor):
         super().__init__(ReToolAgentInstance)
 
     async def execute(self, prompt, label, sampling_params, max_length: int, hf_tokenizer, llm_engine, images=None):
-        token = _current.set((hf_tokenizer, dict(self.env_kwargs)))
+        instances: list[ReToolAgentInstance] = []
+        token = _current.set((hf_tokenizer, dict(self.env_kwargs), instances))
         try:
             return await super().execute(prompt, label, sampling_params, max_length, hf_tokenizer, llm_engine, images)
         finally:
             _current.reset(token)
+            for instance in instances:  # OpenRLHF stops at max_length without telling the instance
+                if instance.env is not None:
+                    instance.env.close()
 
 
 def agent_executor(**env_kwargs: Any) -> type[ReToolAgentExecutor]:

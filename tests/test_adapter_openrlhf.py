@@ -119,6 +119,26 @@ def test_agent_file_contract(tmp_path):
     assert executor.env_kwargs == {"tool_format": "hermes", "max_tool_calls": 8}
 
 
+def test_an_episode_cut_by_max_length_closes_its_sandbox_session(qwen_tok):
+    """OpenRLHF breaks out of its loop when the context reaches max_length; the executor still closes the env."""
+    made = []
+
+    class Recorded(ReToolAgentInstance):
+        def __init__(self) -> None:
+            super().__init__()
+            made.append(self)
+
+    actions = action_ids(qwen_tok, "hermes_correct")
+    ref = local_reference(qwen_tok, "hermes_correct")
+    first = len(ref.prompt_ids) + ref.env_mask.index(0) + ref.env_mask[ref.env_mask.index(0):].index(1)
+    executor = agent_executor(tool_timeout=10.0, stateful=True)()  # an interpreter session per episode
+    executor.agent_instance_cls = Recorded
+    response = asyncio.run(executor.execute(PROBLEM.question, PROBLEM.answer, SimpleNamespace(max_tokens=None,
+                                            logprobs=1), first, qwen_tok, ScriptedVLLMEngine(qwen_tok, actions)))
+    assert len(response["action_ranges"]) == 1 and response["reward"] == 0  # OpenRLHF's own total: no env reward
+    assert made[0].env.trajectory.num_tool_calls == 1 and made[0].env._session is None
+
+
 def test_instance_outside_the_executor_raises():
     with pytest.raises(RuntimeError, match="ReToolAgentExecutor"):
         ReToolAgentInstance()
