@@ -22,7 +22,19 @@ $pip ray==2.60.0 hydra-core==1.3.8 tensordict==0.10.0 datasets==5.2.0 codetiming
 # verl's v1 (TransferQueue) trainer, its default since 0.9: transferqueue without ray[default]'s dashboard extras.
 $pip --no-deps transferqueue==0.1.11 torchdata==0.11.0
 $pip pyzmq==27.3.0 msgspec==0.23.0 prometheus_client==0.26.0 psutil==7.2.2
+# OpenRLHF's agent API (retool_adapters.openrlhf): its trainer pulls deepspeed, vLLM and flash-attn, but
+# openrlhf.utils.agent imports only torch, transformers, sympy, pylatexenc and aiohttp, all above.
+$pip --no-deps openrlhf==0.11.2
+# GEM (retool_adapters.gem): gem-llm pins msgspec==0.19.0 (and nltk) for its search tool and word games only, which
+# the adapter never imports; msgspec stays verl's 0.23.0. `import gem` loads reasoning-gym, installed with its deps.
+$pip --no-deps gem-llm==0.1.0
+$pip reasoning-gym==0.1.23
+# NeMo-Gym (retool_adapters.nemo_gym): nemo-gym 0.4.0 declares Python >= 3.12 and pulls ray[default], mlflow and
+# mcp<2; its resources-server code runs on 3.11 with what it imports (wandb, yappi, gprof2dot, pydot, itsdangerous).
+$pip wandb==0.31.0 yappi==1.7.6 gprof2dot==2025.4.14 pydot==4.0.1 itsdangerous==2.2.0
+$pip --no-deps --ignore-requires-python nemo-gym==0.4.0
 $venv/bin/python -c "
+import openrlhf.utils.agent, gem, nemo_gym.base_resources_server
 import verl.experimental.agent_loop.agent_loop, verl.trainer.ppo.v1.agent_loop_tq, verl.trainer.ppo.v1.trainer_sync
 import skyrl_gym, openenv.core, uvicorn, transformers, retool_adapters
 from importlib.metadata import version as v
