@@ -56,7 +56,6 @@ class ModelArguments:
                                                                "loaded."})
     tensor_parallel_size: int = field(default=1, metadata={"help": "vLLM tensor parallelism."})
     gpu_memory_utilization: float = field(default=0.85, metadata={"help": "vLLM GPU memory share."})
-    max_model_len: int | None = field(default=None, metadata={"help": "vLLM context length (prompt + completion)."})
 
 
 @dataclass
@@ -195,7 +194,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ModelArguments, DataA
     return make_parser().parse_args_and_config(argv)  # type: ignore[return-value]
 
 
-def load_generator(args: ModelArguments, out: str | Path) -> tuple[Any, Any]:
+def load_generator(args: ModelArguments, out: str | Path, max_model_len: int | None = None) -> tuple[Any, Any]:
     """The generator and tokenizer for a backend; heavy imports happen only for the backend asked for."""
     from retool_adapters.scripts import UsageError, load_tokenizer
 
@@ -231,7 +230,7 @@ def load_generator(args: ModelArguments, out: str | Path) -> tuple[Any, Any]:
     from retool_adapters.generators import VLLMEngineGenerator
 
     engine = vllm.LLM(model=args.model, tokenizer=args.tokenizer or args.model, dtype=args.dtype,
-                      tensor_parallel_size=args.tensor_parallel_size, max_model_len=args.max_model_len,
+                      tensor_parallel_size=args.tensor_parallel_size, max_model_len=max_model_len,
                       gpu_memory_utilization=args.gpu_memory_utilization)
     return VLLMEngineGenerator(engine), tokenizer
 
@@ -281,7 +280,7 @@ def evaluate_from_args(model_args: ModelArguments, data_args: DataArguments, env
 
     # 2. The backend.
     random_model = model_args.model is None and model_args.backend == "hf"
-    generator, tokenizer = load_generator(model_args, output_args.out)
+    generator, tokenizer = load_generator(model_args, output_args.out, env_args.max_model_len)  # the env's cap too
 
     # 3. Play and score each arm: n samples of each problem, every one a full episode (with the interpreter, or
     #    without any tool), the same problems and sampling seeds in both.
