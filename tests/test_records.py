@@ -101,7 +101,7 @@ def test_regrade_finds_a_planted_disagreement(records, tmp_path, capsys):
 def test_bad_files_and_unnamed_schemes_are_reported(records, tmp_path, capsys):
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps(records[0]) + "\n{not json\n")
-    with pytest.raises(ValueError, match="bad.jsonl:2"):
+    with pytest.raises(ValueError, match=r"bad\.jsonl:2"):
         list(read_records(path))
     assert main(["regrade", str(path)]) == 2 and "bad.jsonl:2" in capsys.readouterr().err
     path.write_text(json.dumps({"schema": 99}) + "\n")
