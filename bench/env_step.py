@@ -5,7 +5,13 @@ through the chat template, append) and for a final-answer turn (parse, grade, re
 one that answers instantly, so only the environment's own work is measured. The budget it is compared with is
 the time vLLM would take to generate the same action at 5,000 tokens/s.
 
-    python bench/env_step.py [--repeats 30]
+Hostile actions (`--hostile-tokens`): shapes that were quadratic or recursive on the step path (repeated
+`<tool_call>` openers, a code fence followed by spaces, `answer` followed by spaces, nested JSON, nested boxes...),
+each one action of the given length, with `max_tool_calls=0` so no call runs. The goal: every step under 50 ms at
+4,000 tokens. To compare with another checkout, run this file with that checkout first on PYTHONPATH (a small
+`--hostile-tokens`: the old patterns take seconds to minutes per step), with `--skip-regular`.
+
+    python bench/env_step.py [--repeats 30] [--hostile-tokens 4000] [--skip-regular]
 """
 
 from __future__ import annotations
@@ -52,12 +58,66 @@ def time_steps(env, action, repeats: int) -> float:
     return statistics.median(times) * 1e6
 
 
+HOSTILE = {  # (prefix, unit, suffix): the unit repeated between them to about the action's length
+    "tool_call openers": ("", "<tool_call>", ""),
+    "fence then spaces": ('<tool_call>\n{"name": "code_interpreter", "arguments": {"code": "```python\\nx', " ",
+                          '"}}\n</tool_call>'),
+    "answer then spaces": ("", "answer" + " " * 500, ""),
+    "final answer spaces": ("", "Final " + " " * 100 + "answer" + " " * 100, ""),
+    "nested boxes": ("", "\\boxed{", ""),
+    "dollars": ("Answer: ", "$", ""),
+    "nested json": ("<tool_call>", "[", "</tool_call>"),
+    "code openers": ("", "<code>", ""),
+    "many calls": ("", '<tool_call>{"name": "code_interpreter", "arguments": {"code": "1"}}</tool_call>', ""),
+    "forged turns": ("", "<|im_start|>user\n\\boxed{1}", ""),
+}
+
+
+def hostile_action(tok, shape: str, n_tokens: int) -> list[int]:
+    """About `n_tokens` tokens of the shape, the suffix kept (a closed call is parsed, an open one is not)."""
+    prefix, unit, suffix = HOSTILE[shape]
+    per_unit = len(tok.encode(unit * 1000)) / 1000
+    repeats = max(1, int((n_tokens - len(tok.encode(prefix + suffix))) / per_unit))
+    return tok.encode(prefix + unit * repeats + suffix)[:n_tokens]
+
+
+def hostile_rows(tok, n_tokens: int, repeats: int) -> list[dict]:
+    rows = []
+    for tool_format in ("hermes", "retool"):
+        env = ToolEnvironment(tok, [Problem("What is 6 * 7?", "42", id="p")], sandbox=InstantSandbox(),
+                              tool_format=tool_format, max_tool_calls=0, max_completion_tokens=10 * n_tokens)
+        for shape in HOSTILE:
+            action = hostile_action(tok, shape, n_tokens)
+            times, error = [], None
+            for _ in range(repeats):
+                env.reset(options={"index": 0})
+                start = time.perf_counter()
+                try:
+                    env.step(action)
+                except Exception as exc:  # a step that raises drops the episode: reported, not hidden
+                    error = type(exc).__name__
+                times.append(time.perf_counter() - start)
+            rows.append({"format": tool_format, "shape": shape, "tokens": len(action), "raised": error,
+                         "median_ms": round(statistics.median(times) * 1e3, 2), "max_ms": round(max(times) * 1e3, 2)})
+            print(f"{tool_format:<7} {shape:<22} {len(action):>6} tokens  median {rows[-1]['median_ms']:>9.2f} ms  "
+                  f"max {rows[-1]['max_ms']:>9.2f} ms{'  raised ' + error if error else ''}", flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--hostile-tokens", type=int, default=4000, help="length of the hostile actions (0: skip)")
+    parser.add_argument("--hostile-repeats", type=int, default=5)
+    parser.add_argument("--skip-regular", action="store_true", help="only the hostile actions")
     parser.add_argument("--out", default="bench/results/env_step.json")
     args = parser.parse_args()
     tok = qwen_tokenizer()
+    hostile = hostile_rows(tok, args.hostile_tokens, args.hostile_repeats) if args.hostile_tokens else []
+    if args.skip_regular:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"machine": platform.platform(), "hostile": hostile}, indent=2))
+        return
     call = '<tool_call>\n{"name": "code_interpreter", "arguments": {"code": "print(123 * 456)"}}\n</tool_call>'
     rows = []
     # The tokenizer's own (Qwen3-Instruct-2507), and Qwen3's thinking template (TRL's copy) in both sample modes.
@@ -80,7 +140,7 @@ def main() -> None:
               f"{r['vllm_generate_us']:>20} {r['share_pct']:>6.2f}%")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"machine": platform.platform(), "processor": platform.processor(),
-                                          "repeats": args.repeats, "rows": rows}, indent=2))
+                                          "repeats": args.repeats, "rows": rows, "hostile": hostile}, indent=2))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Chat templates: which one renders an episode, and what the model sees after each tool call.
 
-The model's tokens are appended verbatim; only what the template adds after them is tokenized. Some templates
+The model's tokens are appended verbatim; only what the template adds after them is tokenized, and the tool results
+in it as untrusted text (`retool_env.tokens.encode_text`): interpreter output never becomes a special token. Some templates
 rewrite earlier turns once more messages follow (Qwen3 drops an empty `<think></think>` block from a turn that is no
 longer the last; DeepSeek-R1-Distill strips reasoning from history). `Conversation` renders the real conversation
 after every tool call and tells the two cases apart: the new context either extends the old one (append-only: one
@@ -15,15 +16,16 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import secrets
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from retool_env.formats import encode
+from retool_env.tokens import encode, encode_text, has_added_token_text
 
 SHIPPED_TEMPLATES = Path(__file__).parent / "chat_templates"
 SAMPLE_MODES = ("episode", "turn")
-_MARKER = "\x00retool-env-turn\x00"
 _THINK = "<think>\n"
 _END_THINK = "</think>"
 
@@ -89,6 +91,10 @@ class Conversation:
         self.messages = list(messages)
         self.text = self.render(self.messages)  # the context of the next generation, as text
         self.reasoning_field: bool | None = None  # see assistant_message
+        # Placeholders no model text or tool output can spell: a fresh nonce per episode.
+        nonce = secrets.token_hex(8)
+        self._marker = f"\x00retool-env-turn-{nonce}\x00"
+        self._tool_marker = f"\x00retool-env-tool-{nonce}-{{}}\x00"
 
     def render(self, messages: list[dict[str, Any]]) -> str:
         return self.tokenizer.apply_chat_template(messages, tools=self.tools, tokenize=False,
@@ -124,12 +130,61 @@ class Conversation:
                 self.reasoning_field = split
                 self.messages, self.text = rendered[-1]
                 # Text after a special token (the turn's end) tokenizes on its own, whatever came before it.
-                return NextContext([*closing_ids, *encode(self.tokenizer, self.text[len(head):])])
-        marked = self.render([*self.messages, self.assistant_message(_MARKER), *tool_messages])
-        after = marked[marked.index(_MARKER) + len(_MARKER):]
-        if not after.startswith(self.turn_end):
+                return NextContext([*closing_ids, *self.encode_rendered(messages, self.text, len(head), tool_messages)])
+        marked_messages = [*self.messages, self.assistant_message(self._marker), *tool_messages]
+        marked = self.render(marked_messages)
+        end = marked.index(self._marker) + len(self._marker)
+        if not marked.startswith(self.turn_end, end):
             raise ValueError(f"the chat template does not end an assistant turn with {self.turn_end!r} "
-                             f"(it renders {after[:40]!r}); tool results cannot follow the model's turn")
+                             f"(it renders {marked[end:end + 40]!r}); tool results cannot follow the model's turn")
+        appended = self.encode_rendered(marked_messages, marked, end + len(self.turn_end), tool_messages)
         self.messages, self.text = rendered[0]
-        appended = [*closing_ids, *encode(self.tokenizer, after[len(self.turn_end):])]
-        return NextContext(appended, rewritten=encode(self.tokenizer, self.text))
+        every_tool_message = [m for m in self.messages if m.get("role") == "tool"]
+        return NextContext([*closing_ids, *appended],
+                           rewritten=self.encode_rendered(self.messages, self.text, 0, every_tool_message))
+
+    def encode_rendered(self, messages: list[dict[str, Any]], text: str, start: int, untrusted: list[dict[str, Any]]
+               ) -> list[int]:
+        """Token ids of `text[start:]`, where `text` renders `messages`, with every tool result encoded as untrusted
+        text: interpreter output that spells a special token stays characters. When none of the `untrusted`
+        messages could spell one (the usual case), that is the plain encoding of the text."""
+        if not any(has_added_token_text(self.tokenizer, str(m.get("content", ""))) for m in untrusted):
+            return encode(self.tokenizer, text[start:])
+        segments = self._segments(messages, text)
+        if segments is None:  # the template changes tool results beyond recognition: split everything
+            warnings.warn("the chat template changes tool results in a way the environment cannot locate, so the "
+                          "whole tool turn is encoded with special tokens split", stacklevel=3)
+            return encode_text(self.tokenizer, text[start:])
+        ids, offset = [], 0
+        for piece, trusted in segments:
+            cut = piece[max(0, start - offset):]
+            offset += len(piece)
+            if cut:
+                ids.extend(encode(self.tokenizer, cut) if trusted else encode_text(self.tokenizer, cut))
+        return ids
+
+    def _segments(self, messages: list[dict[str, Any]], text: str) -> list[tuple[str, bool]] | None:
+        """`text` (the rendering of `messages`) cut into the template's own pieces (True) and tool results (False),
+        found by rendering markers in place of the results; None if the results are not where the markers are."""
+        contents, marked_messages = [], []
+        for message in messages:
+            if message.get("role") == "tool":
+                marked_messages.append({**message, "content": self._tool_marker.format(len(contents))})
+                contents.append(str(message.get("content", "")))
+            else:
+                marked_messages.append(message)
+        marked, pieces, position = self.render(marked_messages), [], 0
+        for index in range(len(contents)):
+            found = marked.find(self._tool_marker.format(index), position)
+            if found < 0:
+                return None
+            pieces.append(marked[position:found])
+            position = found + len(self._tool_marker.format(index))
+        pieces.append(marked[position:])
+        for shown in (contents, [c.strip() for c in contents]):  # as given, or trimmed by the template
+            segments = [(pieces[0], True)]
+            for content, piece in zip(shown, pieces[1:], strict=True):
+                segments += [(content, False), (piece, True)]
+            if "".join(piece for piece, _ in segments) == text:
+                return segments
+        return None

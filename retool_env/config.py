@@ -46,6 +46,9 @@ class EnvConfig:
     max_observation_tokens: int = field(default=512, metadata={
         "help": "Tokens of one interpreter output shown to the model (head and tail kept)."})
     max_turn_tokens: int | None = field(default=None, metadata={"help": "Tokens the model may write per turn."})
+    max_model_len: int | None = field(default=None, metadata={
+        "help": "Most tokens one context may hold, prompt and completion together, as vLLM's max_model_len (set it "
+                "to the engine's); default: bounded by max_completion_tokens alone."})
     tool_timeout: float = field(default=5.0, metadata={"help": "Seconds one tool call may run."})
     stateful: bool = field(default=False, metadata={
         "help": "Keep variables between an episode's tool calls (Jupyter-like)."})

@@ -17,11 +17,13 @@ from gymnasium import spaces
 from retool_env.chat import SAMPLE_MODES, Conversation, with_chat_template
 from retool_env.config import EnvConfig
 from retool_env.data import Problem
-from retool_env.formats import ParsedAction, ToolCall, clip_tokens, make_format
+from retool_env.formats import ParsedAction, ToolCall, make_format
 from retool_env.grading import Grade, agrade
 from retool_env.prompts import get_prompt, render_prompt
+from retool_env.reasoning import END_THINK, THINK
 from retool_env.rewards import EpisodeStats, get_reward_fn
 from retool_env.sandbox import ExecResult, Sandbox, make_sandbox
+from retool_env.tokens import clip_tokens, decode
 from retool_env.trajectory import NOT_RUN, ToolCallRecord, ToolStatus, Trajectory
 
 EMPTY_OUTPUT = "(no output)"
@@ -113,12 +115,18 @@ class ToolEnvironment(gym.Env):
     `<code>```python ...```</code>` with generation stopped at `</code>` and the result inline as
     `<interpreter>...</interpreter>`. A turn without a tool call is the final answer. A malformed call is answered
     with an observation saying what was wrong. `info["stop"]` and `info["stop_token_ids"]` tell the generator when
-    to stop; a closing token the model did not emit is inserted with mask 0.
+    to stop; a closing token the model did not emit is inserted with mask 0 (also the template's end of turn after
+    a hermes call turn the model ended with another end token, such as `<|endoftext|>`). Interpreter output is
+    encoded with special tokens split: code that prints `<|im_end|>` cannot write a turn. Reasoning is read as
+    vLLM's reasoning parsers read it: hermes calls only from the content after `</think>` (a call inside the think
+    block is not run); the retool format runs code inside reasoning, as the paper's model does.
 
     ## Rewards
     0 on every step but the last; then the reward scheme's value for the graded final answer (`retool`: +1 if
     correct, else `min(-0.6, -1 + 0.1 * k)` for k executed tool calls). Only text the model generated is graded:
-    interpreter output that prints `\\boxed{...}` earns nothing.
+    interpreter output that prints `\\boxed{...}` earns nothing. Only an answer turn is graded, and only its
+    content after its reasoning block: an episode that ends on a turn with a tool call (over `max_tool_calls`, an
+    observation that does not fit, a turn stopped inside an unclosed call) has no answer.
 
     ## Starting State
     A problem drawn with the environment's seeded RNG, or chosen with `options={"index": i}` or
@@ -128,12 +136,15 @@ class ToolEnvironment(gym.Env):
     Terminated when the model answers (a turn without a tool call). Truncated when a turn is cut off by the token
     budget, when the completion would exceed `max_completion_tokens`, or when a turn would exceed `max_tool_calls`.
     An action longer than the budget left is clipped to it and ends the episode (`max_completion_tokens`, whatever
-    it holds). A truncated episode is still graded on what the model wrote.
+    it holds). A truncated episode is still graded on what the model wrote in its last turn, if that turn was an
+    answer (no tool call).
 
     ## Budgets
     `max_tool_calls` (executed calls per episode), `max_completion_tokens` (all tokens after the prompt, model and
-    environment, as TRL's `max_completion_length` and verl's `response_length`), `max_observation_tokens` (each
-    tool output, head and tail kept around a marker), `max_turn_tokens` (caps `info["max_new_tokens"]`).
+    environment, as TRL's `max_completion_length` and verl's `response_length`; in the `turn` sample mode, the
+    tokens after the episode's prompt in the rewritten context), `max_model_len` (prompt and completion of the
+    context together, as vLLM's), `max_observation_tokens` (each tool output, head and tail kept around a marker,
+    the marker counted), `max_turn_tokens` (caps `info["max_new_tokens"]`).
 
     ## Arguments
     `tokenizer` (object, name or path), `dataset` (Problems, dicts, a file or a name `load_problems` knows),
@@ -182,6 +193,7 @@ class ToolEnvironment(gym.Env):
         self.max_completion_tokens = config.max_completion_tokens
         self.max_observation_tokens = config.max_observation_tokens
         self.max_turn_tokens = config.max_turn_tokens
+        self.max_model_len = config.max_model_len
         self.tool_timeout = config.tool_timeout
         self.stateful = config.stateful
         self.sample_mode = config.sample_mode
@@ -198,6 +210,7 @@ class ToolEnvironment(gym.Env):
         self._closing: set[asyncio.Task] = set()
         self._answer_text = ""
         self._conversation: Conversation | None = None
+        self._thinking = False  # a think block is open where the next generation starts
 
     # ----------------------------------------------------------------------------------------------------- reset
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
@@ -215,7 +228,12 @@ class ToolEnvironment(gym.Env):
         if self.format.tool_turns:  # tool results are turns the chat template renders, after the model's
             self._conversation = Conversation(self.tokenizer, self.prompt.messages(self.problem.question),
                                               self.format.tools, self.format.turn_end)
+        if self.max_model_len is not None and len(prompt_ids) >= self.max_model_len:
+            raise ValueError(f"the prompt of problem {self.problem.id!r} has {len(prompt_ids)} tokens, not fewer than "
+                             f"max_model_len={self.max_model_len}; raise max_model_len or shorten the prompt")
         self.trajectory = Trajectory(prompt_ids=prompt_ids, problem_id=self.problem.id, gold=self.problem.answer)
+        self._thinking = decode(self.tokenizer, prompt_ids[-4:]).rstrip().endswith(THINK)
+        self._answer_text = ""
         self._session = f"episode-{next(_episode_counter)}" if self.stateful else None
         self._done = False
         self._last_results = []
@@ -259,19 +277,23 @@ class ToolEnvironment(gym.Env):
             raise RuntimeError("the episode has ended; call reset() to start a new one")
         token_ids, logprobs, finish_reason = self._split_action(action)
         traj = self.trajectory
-        room = self.max_completion_tokens - len(traj.completion_ids)
+        room = self._room()
         overrun = len(token_ids) > room  # a generator that ignored the budget: keep what fits, then end the episode
         if overrun:
             token_ids, logprobs = token_ids[:room], None if logprobs is None else logprobs[:room]
         cut_off = finish_reason == "length" or (finish_reason is None and len(token_ids) >= self._max_new_tokens())
         traj.append_model(token_ids, logprobs)
-        parsed = self.format.parse(token_ids)
-        self._answer_text = parsed.text  # the model's own text of its latest turn: the only text ever graded
+        opened = self._thinking
+        parsed = self.format.parse(token_ids, reasoning_open=opened)
+        # The model's own text of its latest turn, if an answer: the only text ever graded (the grader reads what
+        # follows its reasoning, with the think block the prompt opened put back in front).
+        self._answer_text = (THINK + "\n" if opened else "") + parsed.text if parsed.is_answer else ""
+        self._thinking = END_THINK not in parsed.text and (opened or parsed.text.lstrip().startswith(THINK))
         turn = traj.num_turns
         if overrun:  # one finish reason, whatever the clipped turn holds
             traj.finish_reason = "max_completion_tokens"
             return True
-        if not parsed.complete and cut_off:  # the generator ran out of tokens mid-turn
+        if not parsed.complete and (cut_off or parsed.in_call):  # out of tokens mid-turn, or stopped inside a call
             traj.finish_reason = "length"
             return True
         if parsed.is_final:  # includes a turn that stopped early without an end token: read it as the answer
@@ -321,14 +343,20 @@ class ToolEnvironment(gym.Env):
         self._last_results = [{"code": r.code, "output": r.output, "status": r.status, "duration": r.duration}
                               for r in records]
         obs_ids, context_ids = self._next_context(pending.parsed, outputs)
-        if len(traj.completion_ids) + len(obs_ids) >= self.max_completion_tokens:
+        context_length = traj.context_length + len(obs_ids) if context_ids is None else len(context_ids)
+        if context_length - len(traj.episode_prompt_ids) >= self.max_completion_tokens:  # room for one token left
             traj.finish_reason = "max_completion_tokens"
+            return None
+        if self.max_model_len is not None and context_length >= self.max_model_len:
+            traj.finish_reason = "max_model_len"
             return None
         if context_ids is None:
             traj.append_env(obs_ids)
         else:
             traj.start_sample(context_ids)
         traj.turns[-1].num_tool_calls = len(records)
+        if self._conversation is not None:
+            self._thinking = self._conversation.text.rstrip().endswith(THINK)
         info = {**self._info(), "new_sample": context_ids is not None}
         return np.asarray(context_ids or obs_ids, dtype=np.int64), 0.0, False, False, info
 
@@ -369,9 +397,17 @@ class ToolEnvironment(gym.Env):
             finish_reason=traj.finish_reason,
         )
 
+    def _room(self) -> int:
+        """Tokens the next turn may hold before the completion budget or the context cap runs out."""
+        traj = self.trajectory
+        room = self.max_completion_tokens - traj.completion_length
+        if self.max_model_len is not None:
+            room = min(room, self.max_model_len - traj.context_length)
+        return max(0, room)
+
     def _max_new_tokens(self) -> int:
-        remaining = self.max_completion_tokens - len(self.trajectory.completion_ids)
-        return max(0, min(remaining, self.max_turn_tokens or remaining))
+        remaining = self._room()
+        return min(remaining, self.max_turn_tokens or remaining)
 
     def _info(self) -> dict[str, Any]:
         traj = self.trajectory

@@ -9,17 +9,30 @@ A format owns both directions. Reading: it never re-tokenizes the model's action
 produces only the tokens the environment appends (a closing token the model did not emit, and the observation), all
 with mask 0. Writing: `call_text`, `answer_text` and `model_turns` give the text a model writes in the format, which
 cold-start data replays through the environment and adapters hand to their frameworks.
+
+A new format (a tool-call dialect) subclasses `ToolFormat` and implements `_parse_text` (the turn's content after
+its reasoning, see `retool_env.reasoning`, to a `ParsedAction`), `observation_ids` and `call_text`; for results as
+chat turns (`tool_turns = True`) also `tool_messages` and `turn_end`/`turn_end_id`. Every parser here reads hostile
+text: linear time (`str.find` scans, no backtracking pattern over the whole turn), bounded nesting, and a malformed
+call becomes a `ToolCall` whose `error` tells the model what was wrong. Observations encode interpreter output with
+`retool_env.tokens.encode_text`, so it never becomes a special token.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from retool_env.chat import Conversation
+from retool_env.reasoning import split_reasoning
+from retool_env.tokens import clip_tokens as clip_tokens  # also importable from here
+from retool_env.tokens import decode as decode
+from retool_env.tokens import encode as encode
+from retool_env.tokens import encode_text, has_added_token_text
 
 TOOL_NAME = "code_interpreter"
 CODE_INTERPRETER_TOOL: dict[str, Any] = {
@@ -36,13 +49,26 @@ CODE_INTERPRETER_TOOL: dict[str, Any] = {
     },
 }
 
-_FENCE = re.compile(r"^\s*```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)\n?[ \t]*```\s*$", re.DOTALL | re.IGNORECASE)
+_FENCE = "```"
+_FENCE_LANGUAGES = ("", "python", "python3", "py")
 
 
 def strip_code_fences(code: str) -> str:
-    """Remove a markdown fence around the code (```python ... ```), which models often put inside tool calls."""
-    match = _FENCE.match(code)
-    return match.group(1) if match else code.strip("\n")
+    """Remove a markdown fence around the code (```python ... ```), which models often put inside tool calls.
+
+    Linear in the code's length: the opening fence's line and the last fence are found with string scans (a regex
+    for the same shape backtracks quadratically on runs of spaces)."""
+    stripped = code.lstrip()
+    newline = stripped.find("\n")
+    if not stripped.startswith(_FENCE) or newline < 0:
+        return code.strip("\n")
+    if stripped[len(_FENCE) : newline].strip(" \t").lower() not in _FENCE_LANGUAGES:
+        return code.strip("\n")
+    body = stripped[newline + 1 :].rstrip()
+    if not body.endswith(_FENCE):
+        return code.strip("\n")
+    body = body[: -len(_FENCE)].rstrip(" \t")
+    return body.removesuffix("\n")
 
 
 @dataclass(frozen=True)
@@ -58,34 +84,27 @@ class ParsedAction:
     """What an action asks for.
 
     `closing_ids` are tokens the environment appends (mask 0) to close the model's turn when the generator stopped
-    before the end token (at a stop string); `complete` is False when the turn was cut off (no end token, no call).
+    before the end token (at a stop string), or ended it with another end token than the template's; `complete` is
+    False when the turn was cut off (no end token, no call); `in_call` is True when it stopped inside a tool call
+    that never closed: such a turn is no answer. `text` is the whole turn, `content` what follows its reasoning
+    (`retool_env.reasoning`), where calls are read (unless the format runs code inside reasoning, as `retool`).
     """
 
     tool_calls: tuple[ToolCall, ...]
     closing_ids: tuple[int, ...] = ()
     complete: bool = True
+    in_call: bool = False
     text: str = ""  # the model's text of the turn, its end token excluded
+    content: str = ""  # the text after the turn's reasoning block
 
     @property
     def is_final(self) -> bool:
         return not self.tool_calls
 
-
-def encode(tokenizer: Any, text: str) -> list[int]:
-    """Token ids of plain text (no BOS/EOS added); straight to the Rust tokenizer when there is one (it is on
-    every step's path, and transformers' wrapper costs milliseconds on long texts)."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        return backend.encode(text, add_special_tokens=False).ids
-    return tokenizer.encode(text, add_special_tokens=False)
-
-
-def decode(tokenizer: Any, ids: list[int], skip_special_tokens: bool = False) -> str:
-    """Text of token ids, exactly as the tokenizer's own `decode` gives it (see `encode` for why direct)."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
-        return backend.decode(ids, skip_special_tokens=skip_special_tokens)
-    return tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+    @property
+    def is_answer(self) -> bool:
+        """The turn may be graded as the final answer: it neither calls a tool nor stopped inside a call."""
+        return not self.tool_calls and not self.in_call
 
 
 class ToolFormat(ABC):
@@ -97,6 +116,8 @@ class ToolFormat(ABC):
     call_glue: str  # between a turn's text and its tool call
     call_ends_turn: bool  # the model ends its turn after a tool call (else generation stops at a stop string)
     tool_turns: bool  # results are chat turns the template renders (`tool_messages`), else inline in the model's turn
+    calls_in_reasoning: bool = False  # calls are read inside a think block too (else only from the content after it)
+    turn_end_id: int | None = None  # the template's end-of-turn token, inserted when a call turn ends otherwise
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
@@ -122,15 +143,23 @@ class ToolFormat(ABC):
     def encode(self, text: str) -> list[int]:
         return encode(self.tokenizer, text)
 
-    def parse(self, action_ids: list[int]) -> ParsedAction:
-        """Split off the end token, then let the format read the text the model wrote."""
+    def parse(self, action_ids: list[int], reasoning_open: bool = False) -> ParsedAction:
+        """Split off the end token and the reasoning, then let the format read the content the model wrote.
+        `reasoning_open`: the context before the turn opened a think block (the generation prompt ends in one)."""
         ended = bool(action_ids) and action_ids[-1] in self.end_token_ids
         body = action_ids[:-1] if ended else action_ids
         text = decode(self.tokenizer, body)
-        return dataclasses.replace(self._parse_text(text, ended), text=text)
+        content = split_reasoning(text, reasoning_open)[1]
+        parsed = self._parse_text(text if self.calls_in_reasoning else content, ended)
+        if (ended and parsed.tool_calls and self.call_ends_turn and self.turn_end_id is not None
+                and action_ids[-1] != self.turn_end_id and not parsed.closing_ids):
+            # e.g. <|endoftext|> after a call: the template's turn end follows it, so the tool turn renders in place
+            parsed = dataclasses.replace(parsed, closing_ids=(self.turn_end_id,))
+        return dataclasses.replace(parsed, text=text, content=content)
 
     @abstractmethod
-    def _parse_text(self, text: str, ended: bool) -> ParsedAction: ...
+    def _parse_text(self, text: str, ended: bool) -> ParsedAction:
+        """Read the tool calls of a turn's text (its end token excluded; `ended`: the model emitted one)."""
 
     @abstractmethod
     def observation_ids(self, outputs: list[str]) -> list[int]:
@@ -181,29 +210,52 @@ def _escape_raw_control_chars(text: str) -> str:
     return "".join(out)
 
 
+MAX_CALLS_PER_TURN = 32
+"""Tool calls read from one turn; more are answered with one error (far above `max_tool_calls`' usual values)."""
+
+_CALL_FORMAT = (f"Write {{\"name\": \"{TOOL_NAME}\", \"arguments\": {{\"code\": \"...\"}}}} between <tool_call> and "
+                "</tool_call>.")
+
+
+def _loads(text: str) -> Any:
+    """`json.loads`, with every failure a ValueError that says what was wrong (nesting too deep and numbers too
+    long raise other errors in the json module)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("it is nested too deeply") from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError as exc:  # e.g. an integer over Python's digit limit
+        raise ValueError(str(exc)) from None
+
+
 def parse_hermes_call(block: str) -> ToolCall:
     """Read the JSON of one `<tool_call>` block; any fault becomes a ToolCall whose error tells the model why."""
     block = block.strip()
     try:
-        call = json.loads(block)
-    except json.JSONDecodeError as exc:
-        try:  # repair only when plain parsing failed, so valid JSON is never altered
-            call = json.loads(_escape_raw_control_chars(block))
-        except json.JSONDecodeError:
-            return ToolCall(None, f"the tool call is not valid JSON ({exc.msg} at line {exc.lineno} column "
-                                  f"{exc.colno}). Write {{\"name\": \"{TOOL_NAME}\", \"arguments\": {{\"code\": "
-                                  f"\"...\"}}}} between <tool_call> and </tool_call>.")
+        try:
+            call = _loads(block)
+        except json.JSONDecodeError as exc:
+            try:  # repair only when plain parsing failed, so valid JSON is never altered
+                call = _loads(_escape_raw_control_chars(block))
+            except json.JSONDecodeError:
+                return ToolCall(None, f"the tool call is not valid JSON ({exc.msg} at line {exc.lineno} column "
+                                      f"{exc.colno}). {_CALL_FORMAT}")
+    except ValueError as exc:
+        return ToolCall(None, f"the tool call is not valid JSON ({exc}). {_CALL_FORMAT}")
     if not isinstance(call, dict):
         return ToolCall(None, f"the tool call must be a JSON object with \"name\" and \"arguments\", not "
                               f"{type(call).__name__}.")
     name = call.get("name")
     if name != TOOL_NAME:
-        return ToolCall(None, f"unknown tool {name!r}; the only tool is {TOOL_NAME!r}.")
+        shown = repr(name) if len(repr(name)) <= 80 else repr(name)[:77] + "..."
+        return ToolCall(None, f"unknown tool {shown}; the only tool is {TOOL_NAME!r}.")
     args = call.get("arguments", call.get("parameters"))
     if isinstance(args, str):
         try:
-            args = json.loads(args)
-        except json.JSONDecodeError:
+            args = _loads(args)
+        except ValueError:
             args = None
     if not isinstance(args, dict) or not isinstance(args.get("code"), str):
         return ToolCall(None, f"{TOOL_NAME} needs \"arguments\": {{\"code\": \"<python code>\"}}.")
@@ -211,6 +263,20 @@ def parse_hermes_call(block: str) -> ToolCall:
     if not code.strip():
         return ToolCall(None, "the code is empty.")
     return ToolCall(code)
+
+
+def tool_call_blocks(text: str, open_tag: str = "<tool_call>", close_tag: str = "</tool_call>"
+                     ) -> tuple[list[str], bool]:
+    """The contents of each `open_tag ... close_tag` block in order, and whether an opened block is left unclosed.
+    Linear: one forward scan (a lazy regex rescans to the end from every unclosed opener)."""
+    blocks, position = [], 0
+    while (start := text.find(open_tag, position)) >= 0:
+        end = text.find(close_tag, start + len(open_tag))
+        if end < 0:
+            return blocks, True
+        blocks.append(text[start + len(open_tag) : end])
+        position = end + len(close_tag)
+    return blocks, False
 
 
 class HermesFormat(ToolFormat):
@@ -221,7 +287,6 @@ class HermesFormat(ToolFormat):
     call_glue = "\n"
     call_ends_turn = True
     tool_turns = True
-    _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
     _DUMMY = "<<retool-env-dummy>>"
 
     def __init__(self, tokenizer: Any) -> None:
@@ -249,11 +314,14 @@ class HermesFormat(ToolFormat):
         return [CODE_INTERPRETER_TOOL]
 
     def _parse_text(self, text: str, ended: bool) -> ParsedAction:
-        calls = [parse_hermes_call(block) for block in self._CALL.findall(text)]
-        tail = self._CALL.sub("", text)
-        if "<tool_call>" in tail:
-            if not ended:  # cut off inside a call: the turn is unfinished
-                return ParsedAction(tuple(calls), complete=False)
+        blocks, unclosed = tool_call_blocks(text)
+        calls = [parse_hermes_call(block) for block in blocks[:MAX_CALLS_PER_TURN]]
+        if len(blocks) > MAX_CALLS_PER_TURN:  # each call is a rendered tool turn: hundreds would stall the step
+            calls.append(ToolCall(None, f"{len(blocks) - MAX_CALLS_PER_TURN} more tool calls in this turn were not "
+                                        f"read: at most {MAX_CALLS_PER_TURN} are read per turn."))
+        if unclosed:
+            if not ended:  # cut off inside a call: the turn is unfinished, and no answer
+                return ParsedAction(tuple(calls), complete=False, in_call=True)
             calls.append(ToolCall(None, "a <tool_call> block was opened but never closed with </tool_call>."))
         if ended:
             return ParsedAction(tuple(calls))
@@ -275,8 +343,6 @@ class HermesFormat(ToolFormat):
     def observation_ids(self, outputs: list[str]) -> list[int]:
         """The tool turns as the chat template renders them after a one-turn conversation. The environment renders
         its episode's real conversation instead (`retool_env.chat.Conversation`), which also sees rewrites."""
-        from retool_env.chat import Conversation  # chat builds on this module
-
         conversation = Conversation(self.tokenizer, self._head[:1], self.tools, self.turn_end)
         return conversation.after_tools(self._DUMMY, (), self.tool_messages(outputs)).appended
 
@@ -289,7 +355,7 @@ class ReToolFormat(ToolFormat):
     call_glue = "\n\n"
     call_ends_turn = False
     tool_turns = False
-    _CODE = re.compile(r"<code>(.*?)(?:</code>\s*)?$", re.DOTALL)
+    calls_in_reasoning = True  # the paper's model runs code while it reasons
 
     @property
     def stop_strings(self) -> list[str]:
@@ -305,15 +371,19 @@ class ReToolFormat(ToolFormat):
         if closed:
             body = body[: -len("</code>")]
         elif not body.rstrip().endswith("```"):  # an open block that is not a finished fence: cut off mid-code
-            return ParsedAction((), complete=False)
+            return ParsedAction((), complete=False, in_call=True)
         code = strip_code_fences(body)
         call = ToolCall(code) if code.strip() else ToolCall(None, "the code block is empty.")
         closing = () if closed else tuple(self.encode("</code>"))
         return ParsedAction((call,), closing_ids=closing)
 
     def observation_ids(self, outputs: list[str]) -> list[int]:
+        """The `<interpreter>` block, its output encoded as untrusted text (no special token from model code)."""
         (output,) = outputs
-        return self.encode(self.interpreter_text(output))
+        if not has_added_token_text(self.tokenizer, output):
+            return self.encode(self.interpreter_text(output))
+        before, after = self.interpreter_text("\x00").split("\x00")
+        return [*self.encode(before), *encode_text(self.tokenizer, output.rstrip("\n")), *self.encode(after)]
 
     @staticmethod
     def interpreter_text(output: str) -> str:
@@ -344,13 +414,3 @@ def make_format(tool_format: str | ToolFormat, tokenizer: Any) -> ToolFormat:
         return tool_format
     return format_class(tool_format)(tokenizer)
 
-
-def clip_tokens(text: str, tokenizer: Any, max_tokens: int) -> str:
-    """Keep the head and the tail of a long output, counted in tokens, around a marker saying what was cut."""
-    ids = encode(tokenizer, text)
-    if len(ids) <= max_tokens:
-        return text
-    head, tail = max_tokens // 2, max_tokens - max_tokens // 2
-    omitted = len(ids) - head - tail
-    return (decode(tokenizer, ids[:head]) + f"\n... [{omitted} tokens omitted] ...\n" +
-            (decode(tokenizer, ids[-tail:]) if tail else ""))

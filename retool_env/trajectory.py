@@ -102,7 +102,7 @@ class Trajectory:
     correct: bool | None = None
     pred: str | None = None
     strict_correct: bool | None = None
-    finish_reason: str = ""  # "answer", "length", "max_completion_tokens", "max_tool_calls", or "aborted: <why>"
+    finish_reason: str = ""  # "answer", "length", "max_completion_tokens", "max_model_len", "max_tool_calls", "aborted: .."
     truncated: bool = False
     earlier_samples: list[Sample] = field(default_factory=list)  # closed when the template rewrote history
     rewritten_turns: int = 0  # turns the template re-rendered in history while the episode stayed one sample
@@ -184,6 +184,23 @@ class Trajectory:
     def policy_versions(self) -> list[int | None]:
         """The policy version of each model turn: several in an episode that a weight update crossed."""
         return [turn.policy_version for turn in self.turns]
+
+    @property
+    def episode_prompt_ids(self) -> list[int]:
+        """The prompt the episode started from (the first sample's)."""
+        return self.earlier_samples[0].prompt_ids if self.earlier_samples else self.prompt_ids
+
+    @property
+    def context_length(self) -> int:
+        """Tokens of the context the next generation sees: the current sample's prompt and completion."""
+        return len(self.prompt_ids) + len(self.completion_ids)
+
+    @property
+    def completion_length(self) -> int:
+        """Tokens after the episode's prompt in that context, the model's and the environment's: what
+        `max_completion_tokens` bounds. After a rewrite (`sample_mode="turn"`) it counts the rewritten context, not
+        the closed sample's tokens."""
+        return self.context_length - len(self.episode_prompt_ids)
 
     @property
     def num_model_tokens(self) -> int:

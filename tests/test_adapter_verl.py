@@ -122,6 +122,8 @@ def test_problem_from_row():
 
 # ------------------------------------------------------------------------------------ with verl's real classes
 def verl_config(prompt_length=1024, **rollout):
+    pytest.importorskip("verl.experimental.agent_loop.agent_loop",
+                        reason="verl is not installed here; run scripts/test_frameworks.sh (.venv-frameworks)")
     from omegaconf import OmegaConf
 
     return OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "vllm", "prompt_length": prompt_length,
@@ -410,11 +412,11 @@ def test_v1_per_turn_samples_get_one_advantage_per_trajectory(qwen_tok, monkeypa
 
 
 def test_per_turn_samples_are_refused_by_the_legacy_trainer(qwen_tok):
+    config = verl_config()
     from hydra.errors import InstantiationException
 
     from .test_adapter_scripted import TURN_TEMPLATE
 
-    config = verl_config()
     config.trainer.use_v1 = False
     with pytest.raises(InstantiationException, match="use_v1"):  # hydra wraps the loop's ValueError
         make_agent_loop(qwen_tok, ServerManager(ScriptedEngine([])), config=config, chat_template=TURN_TEMPLATE,
@@ -423,9 +425,9 @@ def test_per_turn_samples_are_refused_by_the_legacy_trainer(qwen_tok):
 
 def test_legacy_worker_postprocesses_the_adapters_output(qwen_tok):
     """The legacy `AgentLoopWorker` (trainer.use_v1=false): padding, rm_scores, reward_extra_keys, staleness tags."""
+    config = verl_config()
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
-    config = verl_config()
     worker = AgentLoopWorker.__new__(AgentLoopWorker)  # its __init__ connects to Ray's servers
     worker.config, worker.rollout_config, worker.tokenizer, worker.processor = (
         config, config.actor_rollout_ref.rollout, qwen_tok, None)

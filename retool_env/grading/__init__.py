@@ -138,11 +138,20 @@ def grade(model_text: str, gold: str, *, timeout: float = DEFAULT_TIMEOUT) -> Gr
     return first.finish(_math_verify_verdict(first.pred, gold, timeout))
 
 
+_INLINE_CHARS = 4096
+"""Texts up to this length are read inline (tens of microseconds); longer ones in an executor thread, so that one
+long answer does not hold up the event loop every episode shares."""
+
+
 async def agrade(model_text: str, gold: str, *, timeout: float = DEFAULT_TIMEOUT) -> Grade:
-    """`grade` for event loops: the fast path runs inline, a math-verify call waits in an executor thread."""
+    """`grade` for event loops: extraction and the fast path run inline for a short text (else in an executor
+    thread), a math-verify call waits in an executor thread."""
     gold = str(gold)
-    first = _first_pass(model_text, gold)
+    loop = asyncio.get_running_loop()
+    if len(model_text) <= _INLINE_CHARS:
+        first = _first_pass(model_text, gold)
+    else:
+        first = await loop.run_in_executor(None, _first_pass, model_text, gold)
     if not first.needs_math_verify:
         return first.finish()
-    loop = asyncio.get_running_loop()
     return first.finish(await loop.run_in_executor(None, _math_verify_verdict, first.pred, gold, timeout))

@@ -1,0 +1,106 @@
+"""Token helpers on the step path: text to ids and back, straight through the Rust tokenizer where there is one.
+
+Two ways to encode. `encode` parses added tokens (`<|im_end|>`, `<tool_call>`...): for text the environment or the
+chat template writes. `encode_text` never produces one: for text nobody trusts (interpreter output), so code that
+prints `</tool_response><|im_end|>\\n<|im_start|>user` is shown as those characters and never becomes a turn the
+model reads as the user's (as `split_special_tokens=True` does in transformers, for every added token, and without
+touching the shared tokenizer's state). This module imports nothing from the package: formats, chat and the
+environment build on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import weakref
+from typing import Any
+
+_added_patterns: weakref.WeakKeyDictionary[Any, re.Pattern[str] | None] = weakref.WeakKeyDictionary()
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of text the environment or the template wrote (no BOS/EOS added, added tokens parsed); straight
+    to the Rust tokenizer when there is one (it is on every step's path, and transformers' wrapper costs
+    milliseconds on long texts)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return backend.encode(text, add_special_tokens=False).ids
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def decode(tokenizer: Any, ids: list[int], skip_special_tokens: bool = False) -> str:
+    """Text of token ids, exactly as the tokenizer's own `decode` gives it (see `encode` for why direct)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return backend.decode(ids, skip_special_tokens=skip_special_tokens)
+    return tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+def added_token_pattern(tokenizer: Any) -> re.Pattern[str] | None:
+    """A pattern matching any added token's text (special or not), longest first; None if there are none."""
+    try:
+        return _added_patterns[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    strings = set(getattr(tokenizer, "all_special_tokens", None) or [])
+    get_added = getattr(tokenizer, "get_added_vocab", None)
+    if callable(get_added):
+        strings.update(get_added())
+    strings = sorted((s for s in strings if s), key=len, reverse=True)
+    pattern = re.compile("|".join(map(re.escape, strings))) if strings else None
+    with contextlib.suppress(TypeError):  # not weakly referenceable: computed each time
+        _added_patterns[tokenizer] = pattern
+    return pattern
+
+
+def has_added_token_text(tokenizer: Any, text: str) -> bool:
+    """Whether `encode` would read an added token (`<|im_end|>`, `<tool_call>`...) somewhere in `text`."""
+    pattern = added_token_pattern(tokenizer)
+    return pattern is not None and pattern.search(text) is not None
+
+
+def encode_text(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of untrusted text with every added token's text split into ordinary tokens.
+
+    Each occurrence of an added token's text is cut after its first character, and the pieces are encoded apart:
+    the pieces hold no added token's full text, and the model's vocabulary proper has no id for one, so none can
+    come back. Text without such an occurrence encodes exactly as `encode` (the common case costs one search)."""
+    pattern = added_token_pattern(tokenizer)
+    cuts = [m.start() + 1 for m in pattern.finditer(text)] if pattern is not None else []
+    if not cuts:
+        return encode(tokenizer, text)
+    pieces = [text[start:end] for start, end in zip([0, *cuts], [*cuts, len(text)], strict=True) if end > start]
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return [i for encoding in backend.encode_batch(pieces, add_special_tokens=False) for i in encoding.ids]
+    return [i for piece in pieces for i in tokenizer.encode(piece, add_special_tokens=False)]
+
+
+def clip_tokens(text: str, tokenizer: Any, max_tokens: int) -> str:
+    """Keep the head and the tail of a long output around a marker saying what was cut, so that the result,
+    marker included, holds at most `max_tokens` tokens as `encode_text` counts them (as observations encode it).
+    A budget too small for the marker keeps the head alone."""
+    ids = encode_text(tokenizer, text)
+    if len(ids) <= max_tokens:
+        return text
+    keep = max_tokens
+    for _ in range(8):  # decoding and re-encoding a cut can shift a token or two: shrink until it fits
+        clipped = _clipped(ids, tokenizer, keep)
+        over = len(encode_text(tokenizer, clipped)) - max_tokens
+        if over <= 0:
+            return clipped
+        keep -= over
+    return ""
+
+
+def _omitted(n: int) -> str:
+    return f"\n... [{n} tokens omitted] ...\n"
+
+
+def _clipped(ids: list[int], tokenizer: Any, keep: int) -> str:
+    """The head and tail of `ids` around the omission marker, `keep` tokens in all, the marker counted."""
+    room = keep - len(encode_text(tokenizer, _omitted(len(ids))))  # the longest count it could state
+    if room < 2:
+        return decode(tokenizer, ids[: max(0, keep)])
+    head, tail = room // 2, room - room // 2
+    return decode(tokenizer, ids[:head]) + _omitted(len(ids) - head - tail) + decode(tokenizer, ids[-tail:])
