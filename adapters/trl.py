@@ -291,7 +291,7 @@ class ReToolRollout:
         for i, (traj, problem) in enumerate(zip(trajectories, problems, strict=True)):
             failed = traj.aborted or not traj.completion_ids
             records.append(episode_record(
-                traj, decode=env.tokenizer.decode, answer_text=None if failed else answer_text_of(env, traj),
+                traj, decode=env.tokenizer.decode,
                 episode_stats=None if failed else env_episode_stats(traj),
                 reward_scheme=env.config.reward, reward_kwargs=env.config.reward_kwargs,
                 env_mask=None if failed else out["env_mask"][i][:len(traj.env_mask)],
@@ -575,12 +575,6 @@ def roc_select(rewards: Sequence[float], correct: Sequence[bool], penalties: Seq
     n_pos = min(n_pos, keep - min(least, len(negatives)))
     n_pos = max(min(n_pos, len(positives), keep), keep - len(negatives))  # then both counts fit their pools
     return set(positives[:n_pos]) | set(rng.sample(negatives, keep - n_pos))
-
-
-def answer_text_of(env: Any, traj: Trajectory) -> str:
-    """The model text the grader read: the last turn, parsed by the environment's tool format."""
-    turn = traj.turns[-1]
-    return env.format.parse(traj.completion_ids[turn.start:turn.end]).text
 
 
 def env_episode_stats(traj: Trajectory) -> EpisodeStats:

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from retool_adapters.trl import answer_text_of, env_episode_stats, episode_metrics, has_void_turn, index_problems
+from retool_adapters.trl import env_episode_stats, episode_metrics, has_void_turn, index_problems
 from retool_env.config import EnvConfig
 from retool_env.data import Problem
 from retool_env.env import ToolEnvironment
@@ -263,7 +263,7 @@ class ReToolRolloutWorker:
                 [] if id(sample) in queued else ["stale"])
             versions = [v for v in traj.policy_versions if v is not None]
             records.append(episode_record(
-                traj, decode=env.tokenizer.decode, answer_text=None if failed else answer_text_of(env, traj),
+                traj, decode=env.tokenizer.decode,
                 episode_stats=None if failed else env_episode_stats(traj), reward_scheme=env.config.reward,
                 reward_kwargs=env.config.reward_kwargs, env_mask=mask, filtered=filtered,
                 question=self._questions.get(traj.problem_id), policy_version=min(versions, default=None),

@@ -381,6 +381,7 @@ class ToolEnvironment(gym.Env):
         traj = self.trajectory
         traj.truncated = truncated
         traj.correct, traj.pred, traj.strict_correct = result.correct, result.pred, result.strict_correct
+        traj.graded_text = self._answer_text
         traj.reward = float(self.reward_fn(result, self.episode_stats()))
         self._done = True
         return np.zeros(0, dtype=np.int64), traj.reward, not truncated, truncated, self._info()

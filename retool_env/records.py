@@ -25,7 +25,8 @@ One record (`SCHEMA_VERSION` 1; every field always present, None where unknown):
   (how many it wrote) and `policy_version`.
 - `tool_calls`: per call, `turn`, `code`, `status` (a `ToolStatus`), `output` (the text the model was shown) and
   `duration` in seconds.
-- `answer_text`: the model text the grader read (the last turn's, with tool calls and end tokens parsed out); `pred`:
+- `answer_text`: the model text the grader read (`Trajectory.graded_text`: the last turn's answer, "" when that
+  turn was no answer; None for a failed episode); `pred`:
   the answer the grader extracted from it (None: nothing extractable, a parse failure); `correct`, `strict_correct`.
 - `reward`: the environment's; `trained_reward`: what GRPO was given (a group-level option such as
   `sign_safe_shaping` may change it; None: unscored, a failed episode or one RoC dropped); `reward_scheme` (its name or "module:function" path; None for an unnamed callable) and `reward_kwargs`:
@@ -65,8 +66,7 @@ def reward_scheme_name(scheme: Any) -> str | None:
     return None
 
 
-def episode_record(traj: Trajectory, *, decode: Callable[[list[int]], str], answer_text: str | None,
-                   episode_stats: EpisodeStats | None, reward_scheme: Any, reward_kwargs: dict | None,
+def episode_record(traj: Trajectory, *, decode: Callable[[list[int]], str], episode_stats: EpisodeStats | None, reward_scheme: Any, reward_kwargs: dict | None,
                    env_mask: Sequence[int] | None = None, filtered: Sequence[str] = (), question: str | None = None,
                    policy_version: int | None = None, seed: int | None = None, group: int | None = None,
                    mode: str = "train", trained_reward: float | None = None) -> dict[str, Any]:
@@ -83,7 +83,7 @@ def episode_record(traj: Trajectory, *, decode: Callable[[list[int]], str], answ
         "turns": turns,
         "tool_calls": [{"turn": c.turn, "code": c.code, "status": str(c.status), "output": c.output,
                         "duration": c.duration} for c in traj.tool_calls],
-        "answer_text": answer_text, "pred": traj.pred, "correct": traj.correct, "strict_correct": traj.strict_correct,
+        "answer_text": traj.graded_text, "pred": traj.pred, "correct": traj.correct, "strict_correct": traj.strict_correct,
         "reward": traj.reward, "trained_reward": trained_reward, "reward_scheme": reward_scheme_name(reward_scheme),
         "reward_kwargs": dict(reward_kwargs or {}),
         "episode_stats": None if episode_stats is None else asdict(episode_stats),

@@ -102,6 +102,7 @@ class Trajectory:
     correct: bool | None = None
     pred: str | None = None
     strict_correct: bool | None = None
+    graded_text: str | None = None  # the model text the grader read (set when the episode ends): for re-grading
     finish_reason: str = ""  # "answer", "length", "max_completion_tokens", "max_model_len", "max_tool_calls", "aborted: .."
     truncated: bool = False
     earlier_samples: list[Sample] = field(default_factory=list)  # closed when the template rewrote history

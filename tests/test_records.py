@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from retool_adapters.trl import answer_text_of, env_episode_stats
+from retool_adapters.trl import env_episode_stats
 from retool_env.cli import main
 from retool_env.data import Problem
 from retool_env.env import ToolEnvironment
@@ -28,8 +28,7 @@ def play(tok, turns: list[str], **config) -> tuple[ToolEnvironment, dict]:
     for text in turns:
         env.step(tok.encode(text, add_special_tokens=False) + [end])
     traj = env.trajectory
-    record = episode_record(traj, decode=tok.decode, answer_text=answer_text_of(env, traj),
-                            episode_stats=env_episode_stats(traj), reward_scheme=env.config.reward,
+    record = episode_record(traj, decode=tok.decode, episode_stats=env_episode_stats(traj), reward_scheme=env.config.reward,
                             reward_kwargs=env.config.reward_kwargs, question=PROBLEM.question, policy_version=3,
                             seed=11, group=0)
     return env, record
