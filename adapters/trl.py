@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 from retool_adapters.chat_templates import training_env_kwargs
 from retool_env.config import EnvConfig
 from retool_env.data import Problem
-from retool_env.env import EMPTY_OUTPUT, load_tokenizer, shared_sandbox
+from retool_env.env import EMPTY_OUTPUT, format_error, load_tokenizer, parse_error_format, shared_sandbox
 from retool_env.formats import CODE_INTERPRETER_TOOL, clip_tokens, strip_code_fences
 from retool_env.grading import Grade, grade
 from retool_env.records import RecordWriter, episode_record
@@ -689,6 +689,10 @@ class CodeInterpreterEnvironment:
                              f"{self.config.tool_format!r} format needs ReToolRollout (rollout_func)")
         if self.config.max_turn_tokens is not None:
             raise ValueError("TRL's tool loop has no per-turn budget; unset max_turn_tokens, or use ReToolRollout")
+        if self.config.on_timeout != "feedback":
+            raise ValueError("TRL's tool loop cannot end an episode at a tool timeout; keep on_timeout='feedback', "
+                             "or use ReToolRollout")
+        self.error_format = parse_error_format(self.config.error_format)
         self.tokenizer = load_tokenizer(tokenizer)
         self.reward_fn = get_reward_fn(self.config.reward, **self.config.reward_kwargs)
         self.answer: str | None = None
@@ -723,6 +727,8 @@ class CodeInterpreterEnvironment:
         else:
             result = run_sync(self.sandbox.run(code, timeout=self.config.tool_timeout, session=self._session))
             text, status, duration = result.output or EMPTY_OUTPUT, result.status, result.duration
+            if status != ToolStatus.OK:
+                text = format_error(text, self.error_format)
         text = clip_tokens(text, self.tokenizer, self.config.max_observation_tokens)
         self.tool_calls.append(ToolCallRecord(code, text, status, duration))
         return text

@@ -27,6 +27,29 @@ from retool_env.tokens import clip_tokens, decode
 from retool_env.trajectory import NOT_RUN, ToolCallRecord, ToolStatus, Trajectory
 
 EMPTY_OUTPUT = "(no output)"
+ON_TIMEOUT = ("feedback", "abort")
+LAST_LINE_CHARS = 400  # the ReTool evaluation's cut of a traceback's last line
+
+
+def parse_error_format(spec: str) -> tuple[str, int]:
+    """`EnvConfig.error_format` read: ("full", 0), ("last_line", 400) or ("head_tail", N)."""
+    kind, _, size = str(spec).partition(":")
+    if kind in ("full", "last_line") and not size:
+        return kind, LAST_LINE_CHARS if kind == "last_line" else 0
+    if kind == "head_tail" and size.isdigit() and int(size) >= 2:
+        return kind, int(size)
+    raise ValueError(f"error_format must be full, last_line or head_tail:N (N >= 2), not {spec!r}")
+
+
+def format_error(text: str, error_format: tuple[str, int]) -> str:
+    """What the model is shown of a failed call's output (`EnvConfig.error_format`); linear in the output."""
+    kind, size = error_format
+    if kind == "last_line":
+        lines = [line for line in text.splitlines() if line.strip()]
+        return (lines[-1] if lines else text)[:size]
+    if kind == "head_tail" and len(text) > size:
+        return f"{text[:size // 2]}\n...\n{text[len(text) - size // 2:]}"
+    return text
 _shared_sandboxes: dict[str, Sandbox] = {}
 _episode_counter = itertools.count()
 
@@ -180,6 +203,9 @@ class ToolEnvironment(gym.Env):
                 raise ValueError(f"{name}={getattr(config, name)!r}: a token budget must be at least 1")
         if config.max_tool_calls < 0:
             raise ValueError(f"max_tool_calls={config.max_tool_calls!r}: must be 0 (no tool) or more")
+        if config.on_timeout not in ON_TIMEOUT:
+            raise ValueError(f"on_timeout must be one of {ON_TIMEOUT}, not {config.on_timeout!r}")
+        self.error_format = parse_error_format(config.error_format)
         if config.sample_mode not in SAMPLE_MODES:
             raise ValueError(f"sample_mode must be one of {SAMPLE_MODES}, not {config.sample_mode!r}")
         self.tokenizer = with_chat_template(load_tokenizer(tokenizer), config.chat_template)
@@ -336,10 +362,15 @@ class ToolEnvironment(gym.Env):
                 text, status, duration = f"Error: {result}", ToolStatus.INVALID, 0.0
             else:
                 text, status, duration = result.output or EMPTY_OUTPUT, result.status, result.duration
+                if status != ToolStatus.OK:
+                    text = format_error(text, self.error_format)
             text = clip_tokens(text, self.tokenizer, self.max_observation_tokens)
             outputs.append(text)
             records.append(ToolCallRecord(call.code, text, status, duration, turn=pending.turn))
         traj.tool_calls.extend(records)
+        if self.config.on_timeout == "abort" and any(r.status == ToolStatus.TIMEOUT for r in records):
+            traj.finish_reason = "tool_timeout"  # graded on what the model wrote, as the token budget's end is
+            return None
         self._last_results = [{"code": r.code, "output": r.output, "status": r.status, "duration": r.duration}
                               for r in records]
         obs_ids, context_ids = self._next_context(pending.parsed, outputs)
