@@ -157,7 +157,8 @@ class ToolEnvironment(gym.Env):
 
     ## Episode End
     Terminated when the model answers (a turn without a tool call). Truncated when a turn is cut off by the token
-    budget, when the completion would exceed `max_completion_tokens`, or when a turn would exceed `max_tool_calls`.
+    budget, when a tool call times out with `on_timeout="abort"` (`finish_reason="tool_timeout"`), when the
+    completion would exceed `max_completion_tokens`, or when a turn would exceed `max_tool_calls`.
     An action longer than the budget left is clipped to it and ends the episode (`max_completion_tokens`, whatever
     it holds). A truncated episode is still graded on what the model wrote in its last turn, if that turn was an
     answer (no tool call).
@@ -174,7 +175,8 @@ class ToolEnvironment(gym.Env):
     `split` (for named datasets; None picks each dataset's default), `tool_format`, `prompt` (a name in
     `retool_env.prompts.PROMPTS` or a PromptTemplate; default: the format's),
     `sandbox` ("local", "ray", a SandboxFusion URL, or a Sandbox), `reward` (a scheme name or callable) and
-    `reward_kwargs`, the budgets above, `tool_timeout` (seconds per call), `stateful` (variables persist between an
+    `reward_kwargs`, the budgets above, `tool_timeout` (seconds per call), `error_format` (what a failed call
+    shows: full, last_line, head_tail:N), `on_timeout` (feedback or abort), `stateful` (variables persist between an
     episode's calls), `chat_template` and `sample_mode` (above): the fields of `retool_env.config.EnvConfig`, which
     declares their defaults, so `ToolEnvironment(tokenizer, dataset, **config)` takes an EnvConfig. Besides: `render_mode` ("ansi"),
     `vocab_size` (defaults to the tokenizer's length).
