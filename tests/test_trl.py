@@ -434,13 +434,14 @@ def call(code: str) -> str:
 SIX_SEVENS = Problem(question="What is 6 times 7?", answer="42", id="six-sevens")
 
 
-@pytest.mark.parametrize("option", ["roc_down_sample", "sign_safe_shaping"])
-def test_grpo_trainer_trains_on_what_roc_and_sign_safe_shaping_leave_and_records_every_episode(
-        model_dir, tmp_path, monkeypatch, option):
+@pytest.mark.parametrize("option", ["roc_down_sample", "sign_safe_shaping", "on_timeout"])
+def test_grpo_trainer_trains_on_what_the_options_leave_and_records_every_episode(model_dir, tmp_path, monkeypatch,
+                                                                                  option):
     """Scripted groups of 4 through the real environment and GRPOTrainer, two steps, records on: RoC keeps 2 of each
     4 (the dropped ones reach the loss with no token and no advantage; the rest get advantages of their own pair);
-    sign-safe shaping leaves no correct episode a negative advantage where a flat tool cost would; every episode
-    is recorded and `regrade` reproduces every reward."""
+    sign-safe shaping leaves no correct episode a negative advantage where a flat tool cost would; `on_timeout="abort"`
+    ends an episode at its slow call, truncated as TRL sees it; every episode is recorded and `regrade` reproduces
+    every reward."""
     from trl import GRPOConfig, GRPOTrainer
 
     from retool_env.records import read_records, regrade
@@ -453,6 +454,10 @@ def test_grpo_trainer_trains_on_what_roc_and_sign_safe_shaping_leave_and_records
                    ["It is \\boxed{41}."],                                     # wrong
                    [call("print(40)"), "It is \\boxed{40}."]]                  # wrong
         options, reward_kwargs = {"roc_down_sample": 2}, {}
+    elif option == "on_timeout":
+        scripts = [[call("while True: pass"), "\\boxed{42}"], ["\\boxed{42}"], ["So: \\boxed{42}"],
+                   ["\\boxed{41}"]]
+        options, reward_kwargs = {"on_timeout": "abort", "tool_timeout": 0.5}, {}
     else:
         scripts = [["\\boxed{42}"], ["So: \\boxed{42}"],
                    [call("print(6 * 7)"), call("print(42)"), "\\boxed{42}"],  # right, but 2 calls cost 1.0
@@ -505,6 +510,12 @@ def test_grpo_trainer_trains_on_what_roc_and_sign_safe_shaping_leave_and_records
             (negative,) = [i for i in kept if i != clean]
             assert advantage[clean] > 0 > advantage[negative]
             assert advantage[clean] == pytest.approx(-advantage[negative])  # normalised over the pair alone
+        elif option == "on_timeout":  # the slow call ended the episode: truncated for TRL, wrong, trained on
+            slow = next(i for i, text in enumerate(texts) if "while True" in text)
+            assert out["finish_reason"][slow] == "tool_timeout" and out["truncated"][slow]
+            assert "tool_response" not in texts[slow] and out["env_reward"][slow] == pytest.approx(-0.9)
+            assert trained[slow] and advantage[slow] < 0
+            assert out["completion_ids"][slow][-1] not in (tokenizer.eos_token_id, tokenizer.pad_token_id)
         else:
             costly = next(i for i, text in enumerate(texts) if "print(42)" in text)
             assert out["correct"][costly] and out["num_tool_calls"][costly] == 2
@@ -523,7 +534,7 @@ def test_grpo_trainer_trains_on_what_roc_and_sign_safe_shaping_leave_and_records
     report = regrade(records, "default")
     assert report.regraded == 8 and report.reward_mismatches == 0 and report.verdict_changes == 0
     (logged, *_) = [entry for entry in trainer.state.log_history if "retool/parse_failure_rate" in entry]
-    assert logged["retool/parse_failure_rate"] == 0.0
+    assert logged["retool/parse_failure_rate"] == (0.25 if option == "on_timeout" else 0.0)  # no answer written
     if option == "roc_down_sample":
         assert logged["retool/roc_dropped"] == 0.5 and logged["retool/roc_rejected_groups"] == 0.0
 
