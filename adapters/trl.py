@@ -28,6 +28,9 @@ import contextlib
 import dataclasses
 import itertools
 import math
+import os
+import random
+import types
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -35,10 +38,11 @@ from typing import Any, TypeVar
 from retool_adapters.chat_templates import training_env_kwargs
 from retool_env.config import EnvConfig
 from retool_env.data import Problem
-from retool_env.env import EMPTY_OUTPUT, load_tokenizer, shared_sandbox
+from retool_env.env import EMPTY_OUTPUT, format_error, load_tokenizer, parse_error_format, shared_sandbox
 from retool_env.formats import CODE_INTERPRETER_TOOL, clip_tokens, strip_code_fences
 from retool_env.grading import Grade, grade
-from retool_env.rewards import EpisodeStats, get_reward_fn
+from retool_env.records import RecordWriter, episode_record
+from retool_env.rewards import EpisodeStats, get_reward_fn, sign_safe_rewards
 from retool_env.rollout import Generator, SamplingParams, derive_seed, run_episodes
 from retool_env.sandbox import Sandbox
 from retool_env.trajectory import NOT_RUN, ToolCallRecord, ToolStats, ToolStatus, Trajectory
@@ -129,6 +133,27 @@ class ReToolRollout:
     a group all right or all wrong teaches nothing about correctness, yet the tool shaping would still give it
     advantages. The batch keeps its size (TRL's is fixed), so it is a mask, not the papers' oversampling;
     `retool/filtered_groups` logs the share of groups taken out.
+
+    `roc_down_sample=n` is rStar2-Agent's GRPO-RoC (arXiv 2508.20722, `rstar2_agent/down_sample/roc.py`; off by
+    default) as a filter over groups TRL generated with `num_generations=2n`: a group whose scored rewards are all
+    equal is rejected (masked, `roc_equal_reward`); from the others n episodes are kept (`roc_select`) and the rest
+    come back unscored (`env_reward` and `correct` None) with `env_mask` 0, so TRL leaves them out of the group's
+    mean and std (its NaN-aware baseline) and of the loss: the advantages are those of the n kept, as in RoC. TRL's
+    batch keeps its 2n episodes per group (it cannot oversample), so the dropped half still costs its generation and
+    one forward pass; use a loss normalised by the trained tokens (TRL's default `loss_type="dapo"`, or "bnpo"), for
+    which the masked episodes weigh nothing. `retool/roc_rejected_groups` and `retool/roc_dropped` log the shares.
+
+    `sign_safe_shaping` (off by default) passes each group's rewards through `retool_env.rewards.sign_safe_rewards`
+    (after RoC): no correct rollout can then get a negative advantage from tool costs or step rewards (AdaTIR's
+    sign reversal, arXiv 2601.14696). `env_reward` then holds the clipped reward.
+
+    Filters and `sign_safe_shaping` group episodes by problem within one call, as TRL repeats each prompt
+    `num_generations` times in a row: with several processes, keep whole groups on one process (a per-process
+    batch that is a multiple of `num_generations`).
+
+    `records_path` (off by default) appends every training episode (not evaluation ones) to a JSONL file of
+    `retool_env.records` (tokens, mask as trained, decoded turns, tool calls, reward and its inputs, extracted
+    answer, global step, seed), one file per process (`records.rank1.jsonl` ...); `retool-env regrade` re-scores it.
     """
 
     def __init__(
@@ -143,10 +168,15 @@ class ReToolRollout:
         seeded: bool = True,
         mask_void_turns: bool = False,
         accuracy_filter: tuple[float, float] | None = None,
+        roc_down_sample: int | None = None,
+        sign_safe_shaping: bool = False,
+        records_path: str | os.PathLike | None = None,
         **env_kwargs: Any,
     ) -> None:
         if not problems:
             raise ValueError("ReToolRollout needs the problems its prompts come from")
+        if roc_down_sample is not None and roc_down_sample < 2:
+            raise ValueError(f"roc_down_sample keeps n >= 2 episodes per group (of 2n generated), not {roc_down_sample}")
         if "dataset" in env_kwargs:
             raise ValueError("pass the problems as ReToolRollout's first argument, not as `dataset`")
         if env_kwargs.get("sample_mode", "episode") != "episode":
@@ -165,6 +195,10 @@ class ReToolRollout:
         if accuracy_filter is not None and not 0.0 <= accuracy_filter[0] <= accuracy_filter[1] <= 1.0:
             raise ValueError(f"accuracy_filter must be (low, high) with 0 <= low <= high <= 1, not {accuracy_filter}")
         self.accuracy_filter = accuracy_filter
+        self.roc_down_sample = roc_down_sample
+        self.sign_safe_shaping = sign_safe_shaping
+        self.records_path = records_path
+        self._records: RecordWriter | None = None
         self._seed_step, self._calls_this_step = -1, 0
         self.env_kwargs = env_kwargs
         self._server_client: Any = None  # a VLLMClient for ranks other than the main one (server mode)
@@ -179,6 +213,7 @@ class ReToolRollout:
         sampling = sampling_from_config(trainer.args)
         if self.seeded:
             sampling = dataclasses.replace(sampling, seed=self._rollout_seed(trainer))
+        roc_seed = derive_seed(trainer.args.seed, trainer.accelerator.process_index, trainer.state.global_step, "roc")
         with self._generation_backend(trainer, concurrency) as generator:
             trajectories = run_sync(run_episodes(
                 problems, make_env, generator,
@@ -196,7 +231,74 @@ class ReToolRollout:
         if self.accuracy_filter is not None:
             filtered, groups = self.groups_outside_accuracy(trajectories, problems), {id(p) for p in problems}
             trainer._log_metric("retool/filtered_groups", len(filtered) / len(groups))
-        return self.to_rollout_output(trajectories, problems, make_env, trl_end_tokens(trainer))
+        plan = self.training_plan(trajectories, problems, roc_seed=roc_seed)
+        if self.roc_down_sample is not None:
+            groups = group_indices(problems)
+            rejected = sum(all("roc_equal_reward" in plan.filters[i] for i in group) for group in groups.values())
+            trainer._log_metric("retool/roc_rejected_groups", rejected / len(groups))
+            trainer._log_metric("retool/roc_dropped", sum("roc" in f for f in plan.filters) / len(trajectories))
+        out = self.to_rollout_output(trajectories, problems, make_env, trl_end_tokens(trainer), plan=plan)
+        if self.records_path is not None and trainer.model.training:
+            self.write_records(trainer, trajectories, problems, out, plan, make_env, sampling.seed)
+        return out
+
+    def training_plan(self, trajectories: Sequence[Trajectory], problems: Sequence[Problem], *,
+                      roc_seed: int = 0) -> TrainingPlan:
+        """What reaches GRPO of each episode: the filters that take it out of the loss, and its reward (None:
+        unscored, left out of its group's statistics)."""
+        filters: list[list[str]] = [[] for _ in trajectories]
+        rewards = [None if t.aborted or not t.completion_ids or t.reward is None else float(t.reward)
+                   for t in trajectories]
+        outside = self.groups_outside_accuracy(trajectories, problems)
+        for i, (traj, problem) in enumerate(zip(trajectories, problems, strict=True)):
+            if rewards[i] is not None and self.mask_void_turns and has_void_turn(traj):
+                filters[i].append("void_turn")
+            if rewards[i] is not None and id(problem) in outside:
+                filters[i].append("accuracy")
+        groups = group_indices(problems)
+        if self.roc_down_sample is not None:
+            rng = random.Random(roc_seed)
+            for group in groups.values():
+                scored = [i for i in group if rewards[i] is not None]
+                if len({rewards[i] for i in scored}) == 1:  # equal rewards: no signal, rejected
+                    for i in scored:
+                        filters[i].append("roc_equal_reward")
+                    continue
+                kept = roc_select([rewards[i] for i in scored], [bool(trajectories[i].correct) for i in scored],
+                                  [roc_penalty(trajectories[i]) for i in scored], self.roc_down_sample, rng)
+                for position, i in enumerate(scored):
+                    if position not in kept:
+                        filters[i].append("roc")
+                        rewards[i] = None
+        if self.sign_safe_shaping:
+            for group in groups.values():
+                clipped = sign_safe_rewards([rewards[i] for i in group],
+                                            [trajectories[i].correct for i in group])
+                for i, reward in zip(group, clipped, strict=True):
+                    rewards[i] = reward
+        return TrainingPlan(filters=filters, rewards=rewards)
+
+    def write_records(self, trainer: Any, trajectories: Sequence[Trajectory], problems: Sequence[Problem],
+                      out: dict[str, list], plan: TrainingPlan, make_env: Callable[[], Any],
+                      base_seed: int | None) -> None:
+        """Append the call's episodes to `records_path` (see `retool_env.records`)."""
+        if self._records is None:
+            self._records = RecordWriter.for_process(self.records_path, trainer.accelerator.process_index,
+                                                     trainer.accelerator.num_processes)
+        env = self._spare_env(make_env)
+        groups = {key: number for number, key in enumerate(group_indices(problems))}
+        records = []
+        for i, (traj, problem) in enumerate(zip(trajectories, problems, strict=True)):
+            failed = traj.aborted or not traj.completion_ids
+            records.append(episode_record(
+                traj, decode=env.tokenizer.decode,
+                episode_stats=None if failed else env_episode_stats(traj),
+                reward_scheme=env.config.reward, reward_kwargs=env.config.reward_kwargs,
+                env_mask=None if failed else out["env_mask"][i][:len(traj.env_mask)],
+                filtered=plan.filters[i], question=problem.question, policy_version=trainer.state.global_step,
+                seed=None if base_seed is None else base_seed + i, group=groups[id(problem)], mode="train",
+                trained_reward=out["env_reward"][i]))
+        self._records.write(records)
 
     def groups_outside_accuracy(self, trajectories: Sequence[Trajectory], problems: Sequence[Problem]) -> set[int]:
         """The problems (by `id()`) whose groups `accuracy_filter` takes out of the loss."""
@@ -227,14 +329,16 @@ class ReToolRollout:
                            f"problems; build the datasets with problems_to_dataset() from the same problems") from None
 
     def to_rollout_output(self, trajectories: Sequence[Trajectory], problems: Sequence[Problem],
-                          make_env: Callable[[], Any], end_tokens: TRLEndTokens | None = None) -> dict[str, list]:
+                          make_env: Callable[[], Any], end_tokens: TRLEndTokens | None = None, *,
+                          plan: TrainingPlan | None = None) -> dict[str, list]:
         """TRL's rollout dict: token lists per episode, with a masked one-token stand-in for each failed episode.
 
-        With `end_tokens`, each episode's last token tells TRL what the environment decided (see `TRLEndTokens`)."""
+        With `end_tokens`, each episode's last token tells TRL what the environment decided (see `TRLEndTokens`);
+        `plan` (default: `training_plan`) says which episodes the filters mask and what reward each carries."""
         out: dict[str, list] = {key: [] for key in ("prompt_ids", "completion_ids", "logprobs", "env_mask",
                                                     *EXTRA_FIELDS)}
-        filtered = self.groups_outside_accuracy(trajectories, problems)
-        for traj, problem in zip(trajectories, problems, strict=True):
+        plan = plan or self.training_plan(trajectories, problems)
+        for traj, problem, filters, reward in zip(trajectories, problems, plan.filters, plan.rewards, strict=True):
             failed = traj.aborted or not traj.completion_ids
             if failed:
                 out["prompt_ids"].append(traj.prompt_ids or self._prompt_ids(problem, make_env))
@@ -246,12 +350,12 @@ class ReToolRollout:
                 extra = end_tokens.closing(traj) if end_tokens is not None else []
                 out["completion_ids"].append(list(traj.completion_ids) + extra)
                 out["logprobs"].append(list(traj.logprobs) + [0.0] * len(extra))
-                masked = (self.mask_void_turns and has_void_turn(traj)) or id(problem) in filtered
-                out["env_mask"].append([0] * (len(traj.env_mask) + len(extra)) if masked else
+                out["env_mask"].append([0] * (len(traj.env_mask) + len(extra)) if filters else
                                        list(traj.env_mask) + [0] * len(extra))
-            out["env_reward"].append(None if failed or traj.reward is None else float(traj.reward))
-            out["correct"].append(None if failed else traj.correct)
-            out["strict_correct"].append(None if failed else traj.strict_correct)
+            unscored = failed or reward is None
+            out["env_reward"].append(None if unscored else reward)
+            out["correct"].append(None if unscored else traj.correct)
+            out["strict_correct"].append(None if unscored else traj.strict_correct)
             out["num_tool_calls"].append(traj.num_tool_calls)
             out["num_turns"].append(traj.num_turns)
             out["truncated"].append(traj.truncated)
@@ -426,6 +530,60 @@ def has_void_turn(traj: Trajectory) -> bool:
     return traj.finish_reason == "answer" and traj.pred is None
 
 
+def group_indices(problems: Sequence[Problem]) -> dict[int, list[int]]:
+    """The batch's GRPO groups: the positions of each problem (by `id()`), in order of first appearance."""
+    groups: dict[int, list[int]] = {}
+    for i, problem in enumerate(problems):
+        groups.setdefault(id(problem), []).append(i)
+    return groups
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingPlan:
+    """Per episode: the filters that take it out of the loss (`void_turn`, `accuracy`, `roc`, `roc_equal_reward`;
+    empty: trained on) and the reward it reaches GRPO with (None: unscored)."""
+
+    filters: list[list[str]]
+    rewards: list[float | None]
+
+
+def roc_penalty(traj: Trajectory) -> float:
+    """rStar2's RoC penalty of an episode, lower is cleaner: the share of its tool calls that did not run cleanly
+    (0.5 with no call, as rStar2) plus 1 for an answer format issue (here: no answer the grader could extract, the
+    reading of rStar2's `<answer>` tag check for this project's extraction)."""
+    statuses = [call.status for call in traj.tool_calls if call.status != ToolStatus.SKIPPED]
+    error_ratio = sum(status != ToolStatus.OK for status in statuses) / len(statuses) if statuses else 0.5
+    return error_ratio + (1.0 if traj.pred is None else 0.0)
+
+
+def roc_select(rewards: Sequence[float], correct: Sequence[bool], penalties: Sequence[float], keep: int,
+               rng: random.Random) -> set[int]:
+    """The positions GRPO-RoC keeps of one group's scored episodes: `keep` of them, positives and negatives in their
+    group's proportions (at least min(2, keep // 2) of each where the group has them, as rStar2's defaults),
+    positives in order of the fewest tool errors and format issues (`roc_penalty`, ties by position), negatives
+    drawn uniformly (the paper's "diverse" failures; rStar2's code sorts them by the same penalty). A group of
+    `keep` or fewer is kept whole. `rewards` are not read beyond their count: they decide nothing here (equal-reward
+    groups are rejected before)."""
+    total = len(rewards)
+    if total <= keep:
+        return set(range(total))
+    positives = sorted((i for i in range(total) if correct[i]), key=lambda i: penalties[i])
+    negatives = [i for i in range(total) if not correct[i]]
+    least = min(2, keep // 2)
+    n_pos = round(len(positives) * keep / total)
+    n_pos = max(n_pos, min(least, len(positives)))
+    n_pos = min(n_pos, keep - min(least, len(negatives)))
+    n_pos = max(min(n_pos, len(positives), keep), keep - len(negatives))  # then both counts fit their pools
+    return set(positives[:n_pos]) | set(rng.sample(negatives, keep - n_pos))
+
+
+def env_episode_stats(traj: Trajectory) -> EpisodeStats:
+    """The `EpisodeStats` the environment gave the reward scheme for this trajectory (its own method, on a view)."""
+    from retool_env.env import ToolEnvironment
+
+    return ToolEnvironment.episode_stats(types.SimpleNamespace(trajectory=traj))
+
+
 def episode_metrics(trajectories: Sequence[Trajectory]) -> dict[str, list[float]]:
     """Per-episode (and per-tool-call, for rates) values of the `retool/*` metrics; failed episodes count only in
     `retool/aborted`. Episode counts come from `Trajectory.tool_stats`; the rates are over the calls that were run or
@@ -441,6 +599,7 @@ def episode_metrics(trajectories: Sequence[Trajectory]) -> dict[str, list[float]
         "retool/truncation_rate": [float(t.truncated) for t in done],
         "retool/void_turn_ratio": [float(has_void_turn(t)) for t in done],
         "retool/accuracy": [float(bool(t.correct)) for t in done],
+        "retool/parse_failure_rate": [float(t.pred is None) for t in done],  # no extractable answer
         "retool/strict_accuracy": [float(bool(t.strict_correct)) for t in done],
         "retool/response_length": [float(len(t.completion_ids)) for t in done],
         "retool/used_tool": [float(s.executed > 0) for s in stats],
@@ -530,6 +689,10 @@ class CodeInterpreterEnvironment:
                              f"{self.config.tool_format!r} format needs ReToolRollout (rollout_func)")
         if self.config.max_turn_tokens is not None:
             raise ValueError("TRL's tool loop has no per-turn budget; unset max_turn_tokens, or use ReToolRollout")
+        if self.config.on_timeout != "feedback":
+            raise ValueError("TRL's tool loop cannot end an episode at a tool timeout; keep on_timeout='feedback', "
+                             "or use ReToolRollout")
+        self.error_format = parse_error_format(self.config.error_format)
         self.tokenizer = load_tokenizer(tokenizer)
         self.reward_fn = get_reward_fn(self.config.reward, **self.config.reward_kwargs)
         self.answer: str | None = None
@@ -564,6 +727,8 @@ class CodeInterpreterEnvironment:
         else:
             result = run_sync(self.sandbox.run(code, timeout=self.config.tool_timeout, session=self._session))
             text, status, duration = result.output or EMPTY_OUTPUT, result.status, result.duration
+            if status != ToolStatus.OK:
+                text = format_error(text, self.error_format)
         text = clip_tokens(text, self.tokenizer, self.config.max_observation_tokens)
         self.tool_calls.append(ToolCallRecord(code, text, status, duration))
         return text

@@ -36,10 +36,12 @@ from typing import Any
 
 import numpy as np
 
-from retool_adapters.trl import episode_metrics, has_void_turn, index_problems
+from retool_adapters.trl import env_episode_stats, episode_metrics, has_void_turn, index_problems
 from retool_env.config import EnvConfig
 from retool_env.data import Problem
 from retool_env.env import ToolEnvironment
+from retool_env.records import RecordWriter, episode_record
+from retool_env.rewards import sign_safe_rewards
 from retool_env.rollout import Generation, Generator, SamplingParams, derive_seed, run_episodes
 from retool_env.trajectory import Trajectory
 
@@ -80,6 +82,12 @@ class ReToolRolloutWorker:
     without `--enable-lora` (TRL then pushes merged weights): the adapters TRL loads under `--enable-lora` are named
     per version, and the generator's requests name the base model. `mask_void_turns` is `ReToolRollout`'s (SimpleTIR):
     a sample with a void turn is queued with `completion_mask` all 0, its reward still in its group's advantages.
+    `sign_safe_shaping` is `ReToolRollout`'s too: the group's rewards pass through
+    `retool_env.rewards.sign_safe_rewards` before its advantages, so no correct episode gets a negative one.
+    `records_path` appends every episode of every group (`retool_env.records`; `policy_version` the oldest of its
+    turns, `filtered` naming `void_turn` or `stale`, a sample dropped as too stale) to a JSONL file, from the worker's
+    thread, as each group ends. RoC down-sampling is not offered here yet (it would oversample for real: play 2n,
+    queue n).
     """
 
     def __init__(
@@ -97,12 +105,15 @@ class ReToolRolloutWorker:
         queue_maxsize: int = 0,
         seed: int = 0,
         mask_void_turns: bool = False,
+        sign_safe_shaping: bool = False,
+        records_path: str | None = None,
         **env_kwargs: Any,
     ) -> None:
         if not problems:
             raise ValueError("ReToolRolloutWorker needs problems to play")
         index_problems(problems)  # the same question with two answers is an error here too
         self.problems = list(problems)
+        self._questions = {problem.id: problem.question for problem in self.problems}
         self.tokenizer = tokenizer
         self.generator = VersionedGenerator(generator, lambda: self.model_version)
         self.num_generations = num_generations
@@ -114,6 +125,9 @@ class ReToolRolloutWorker:
         self.env_config = EnvConfig(**env_kwargs)
         self.seed = seed
         self.mask_void_turns = mask_void_turns
+        self.sign_safe_shaping = sign_safe_shaping
+        self.records = None if records_path is None else RecordWriter(records_path)
+        self._record_env: ToolEnvironment | None = None
         self.rollout_buffer: queue.Queue = queue.Queue(maxsize=queue_maxsize)
         self.metrics_queue: queue.Queue = queue.Queue()
         self.model_version = 0
@@ -209,6 +223,8 @@ class ReToolRolloutWorker:
         fresh = [s for s in samples if self.max_staleness is None
                  or self.model_version - s.model_version <= self.max_staleness]
         self._push_metrics(trajectories, dropped_stale=len(samples) - len(fresh))  # first: a reader of a sample has them
+        if self.records is not None:
+            self.write_records(trajectories, samples, fresh, group_id)
         for sample in fresh:
             if not await self._enqueue(sample):
                 return
@@ -232,13 +248,41 @@ class ReToolRolloutWorker:
     def _make_env(self) -> ToolEnvironment:
         return ToolEnvironment(self.tokenizer, self.problems, **self.env_config)
 
+    def write_records(self, trajectories: Sequence[Trajectory], samples: Sequence[Any], fresh: Sequence[Any],
+                      group_id: int) -> None:
+        """Append the group's episodes to `records_path` (see `retool_env.records`)."""
+        if self._record_env is None:
+            self._record_env = self._make_env()
+        env, seed, trained = self._record_env, self.group_sampling(group_id).seed, self.trained_rewards(trajectories)
+        queued, by_episode, records = {id(s) for s in fresh}, iter(samples), []
+        for j, traj in enumerate(trajectories):
+            failed = traj.aborted or not traj.completion_ids
+            sample = None if failed else next(by_episode)
+            mask = None if sample is None else sample.completion_mask[len(traj.prompt_ids):].tolist()
+            filtered = [] if sample is None else (["void_turn"] if not any(mask) else []) + (
+                [] if id(sample) in queued else ["stale"])
+            versions = [v for v in traj.policy_versions if v is not None]
+            records.append(episode_record(
+                traj, decode=env.tokenizer.decode,
+                episode_stats=None if failed else env_episode_stats(traj), reward_scheme=env.config.reward,
+                reward_kwargs=env.config.reward_kwargs, env_mask=mask, filtered=filtered,
+                question=self._questions.get(traj.problem_id), policy_version=min(versions, default=None),
+                seed=None if seed is None else seed + j, group=group_id, mode="train",
+                trained_reward=trained[j]))
+        self.records.write(records)
+
     # ----------------------------------------------------------------------------------------- samples, metrics
+    def trained_rewards(self, trajectories: Sequence[Trajectory]) -> list[float | None]:
+        """The group's rewards as its advantages see them: None for a failed episode; `sign_safe_shaping` applied."""
+        rewards = [None if t.aborted or not t.completion_ids else t.reward for t in trajectories]
+        return sign_safe_rewards(rewards, [t.correct for t in trajectories]) if self.sign_safe_shaping else rewards
+
     def to_samples(self, trajectories: Sequence[Trajectory], group_id: int) -> list[Any]:
         """The group's episodes as TRL `RolloutSample`s, failed episodes left out (their advantage would be 0)."""
         from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
         failed = [t.aborted or not t.completion_ids for t in trajectories]
-        rewards = [None if bad else t.reward for t, bad in zip(trajectories, failed, strict=True)]
+        rewards = self.trained_rewards(trajectories)
         advantages = group_advantages(rewards)
         scored = [r for r in rewards if r is not None]
         reward_std = float(np.std(scored)) if scored else float("nan")

@@ -161,6 +161,29 @@ def _eval(eval_args: Sequence[str]) -> int:
     return 0
 
 
+def _regrade(args: argparse.Namespace) -> int:
+    """Re-score stored episode records with a grader and report disagreements with the logged verdicts and rewards."""
+    import json
+
+    from retool_env.records import read_records, regrade
+
+    try:
+        report = regrade(read_records(args.records), args.grader, max_examples=args.examples)
+    except (OSError, ValueError) as exc:
+        print(f"retool-env regrade: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
+    else:
+        print(report.summary())
+        for example in report.examples:
+            print(f"- {example['problem_id']} (policy version {example['policy_version']}): gold {example['gold']!r}; "
+                  f"logged pred {example['pred_logged']!r} correct={example['correct_logged']} "
+                  f"reward={example['reward_logged']}; now pred {example['pred_now']!r} "
+                  f"correct={example['correct_now']} reward={example['reward_now']}")
+    return 1 if args.fail_on_disagreement and (report.verdict_changes or report.reward_mismatches) else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="retool-env", description="ReTool-Env: a code-interpreter gym for LLMs.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -206,6 +229,21 @@ def build_parser() -> argparse.ArgumentParser:
                         help="safe: refuse to start without a read-only view and, as root, a uid per call; strict: "
                              "fail when any layer is missing; none: measure whatever this machine allows")
     doctor.set_defaults(func=_doctor)
+
+    regrade = commands.add_parser(
+        "regrade", formatter_class=defaults, help="re-score stored episode records and report disagreements",
+        description="Re-grade the episodes of a records file (ReToolRollout(records_path=...)) with a grader, recompute "
+                    "their rewards with the scheme each record names, and report where verdicts or rewards differ from "
+                    "the logged ones, with examples. With the grader training used, the rewards are reproduced exactly.")
+    regrade.add_argument("records", help="a JSONL file of episode records")
+    regrade.add_argument("--grader", choices=["default", "math_verify", "strict"], default="default",
+                         help="default: the project's grader; math_verify: math-verify's own extraction and "
+                              "comparison; strict: verl's strict box check")
+    regrade.add_argument("--examples", type=int, default=10, help="disagreements to show")
+    regrade.add_argument("--json", action="store_true", help="print the whole report as JSON")
+    regrade.add_argument("--fail-on-disagreement", action="store_true",
+                         help="exit with status 1 when any verdict or reward differs")
+    regrade.set_defaults(func=_regrade)
 
     evaluate = commands.add_parser("eval", add_help=False, help="evaluate a model with and without the tool, under a "
                                    "published protocol (retool_adapters.eval_cli; --help for its options)")

@@ -50,6 +50,13 @@ class EnvConfig:
         "help": "Most tokens one context may hold, prompt and completion together, as vLLM's max_model_len (set it "
                 "to the engine's); default: bounded by max_completion_tokens alone."})
     tool_timeout: float = field(default=5.0, metadata={"help": "Seconds one tool call may run."})
+    error_format: str = field(default="full", metadata={
+        "help": "What the model is shown of a call that failed: full (its whole output), last_line (the last line, "
+                "the traceback's exception, cut to 400 characters, as the ReTool evaluation feeds back) or "
+                "head_tail:N (the first and last N/2 characters)."})
+    on_timeout: str = field(default="feedback", metadata={
+        "help": "A call that times out: feedback (the model is told and goes on) or abort (the episode ends, "
+                "truncated, finish_reason tool_timeout, as verifiers' abort_on_code_timeout)."})
     stateful: bool = field(default=False, metadata={
         "help": "Keep variables between an episode's tool calls (Jupyter-like)."})
     chat_template: str | None = field(default=None, metadata={

@@ -27,6 +27,29 @@ from retool_env.tokens import clip_tokens, decode
 from retool_env.trajectory import NOT_RUN, ToolCallRecord, ToolStatus, Trajectory
 
 EMPTY_OUTPUT = "(no output)"
+ON_TIMEOUT = ("feedback", "abort")
+LAST_LINE_CHARS = 400  # the ReTool evaluation's cut of a traceback's last line
+
+
+def parse_error_format(spec: str) -> tuple[str, int]:
+    """`EnvConfig.error_format` read: ("full", 0), ("last_line", 400) or ("head_tail", N)."""
+    kind, _, size = str(spec).partition(":")
+    if kind in ("full", "last_line") and not size:
+        return kind, LAST_LINE_CHARS if kind == "last_line" else 0
+    if kind == "head_tail" and size.isdigit() and int(size) >= 2:
+        return kind, int(size)
+    raise ValueError(f"error_format must be full, last_line or head_tail:N (N >= 2), not {spec!r}")
+
+
+def format_error(text: str, error_format: tuple[str, int]) -> str:
+    """What the model is shown of a failed call's output (`EnvConfig.error_format`); linear in the output."""
+    kind, size = error_format
+    if kind == "last_line":
+        lines = [line for line in text.splitlines() if line.strip()]
+        return (lines[-1] if lines else text)[:size]
+    if kind == "head_tail" and len(text) > size:
+        return f"{text[:size // 2]}\n...\n{text[len(text) - size // 2:]}"
+    return text
 _shared_sandboxes: dict[str, Sandbox] = {}
 _episode_counter = itertools.count()
 
@@ -134,7 +157,8 @@ class ToolEnvironment(gym.Env):
 
     ## Episode End
     Terminated when the model answers (a turn without a tool call). Truncated when a turn is cut off by the token
-    budget, when the completion would exceed `max_completion_tokens`, or when a turn would exceed `max_tool_calls`.
+    budget, when a tool call times out with `on_timeout="abort"` (`finish_reason="tool_timeout"`), when the
+    completion would exceed `max_completion_tokens`, or when a turn would exceed `max_tool_calls`.
     An action longer than the budget left is clipped to it and ends the episode (`max_completion_tokens`, whatever
     it holds). A truncated episode is still graded on what the model wrote in its last turn, if that turn was an
     answer (no tool call).
@@ -151,7 +175,8 @@ class ToolEnvironment(gym.Env):
     `split` (for named datasets; None picks each dataset's default), `tool_format`, `prompt` (a name in
     `retool_env.prompts.PROMPTS` or a PromptTemplate; default: the format's),
     `sandbox` ("local", "ray", a SandboxFusion URL, or a Sandbox), `reward` (a scheme name or callable) and
-    `reward_kwargs`, the budgets above, `tool_timeout` (seconds per call), `stateful` (variables persist between an
+    `reward_kwargs`, the budgets above, `tool_timeout` (seconds per call), `error_format` (what a failed call
+    shows: full, last_line, head_tail:N), `on_timeout` (feedback or abort), `stateful` (variables persist between an
     episode's calls), `chat_template` and `sample_mode` (above): the fields of `retool_env.config.EnvConfig`, which
     declares their defaults, so `ToolEnvironment(tokenizer, dataset, **config)` takes an EnvConfig. Besides: `render_mode` ("ansi"),
     `vocab_size` (defaults to the tokenizer's length).
@@ -180,6 +205,9 @@ class ToolEnvironment(gym.Env):
                 raise ValueError(f"{name}={getattr(config, name)!r}: a token budget must be at least 1")
         if config.max_tool_calls < 0:
             raise ValueError(f"max_tool_calls={config.max_tool_calls!r}: must be 0 (no tool) or more")
+        if config.on_timeout not in ON_TIMEOUT:
+            raise ValueError(f"on_timeout must be one of {ON_TIMEOUT}, not {config.on_timeout!r}")
+        self.error_format = parse_error_format(config.error_format)
         if config.sample_mode not in SAMPLE_MODES:
             raise ValueError(f"sample_mode must be one of {SAMPLE_MODES}, not {config.sample_mode!r}")
         self.tokenizer = with_chat_template(load_tokenizer(tokenizer), config.chat_template)
@@ -336,10 +364,15 @@ class ToolEnvironment(gym.Env):
                 text, status, duration = f"Error: {result}", ToolStatus.INVALID, 0.0
             else:
                 text, status, duration = result.output or EMPTY_OUTPUT, result.status, result.duration
+                if status != ToolStatus.OK:
+                    text = format_error(text, self.error_format)
             text = clip_tokens(text, self.tokenizer, self.max_observation_tokens)
             outputs.append(text)
             records.append(ToolCallRecord(call.code, text, status, duration, turn=pending.turn))
         traj.tool_calls.extend(records)
+        if self.config.on_timeout == "abort" and any(r.status == ToolStatus.TIMEOUT for r in records):
+            traj.finish_reason = "tool_timeout"  # graded on what the model wrote, as the token budget's end is
+            return None
         self._last_results = [{"code": r.code, "output": r.output, "status": r.status, "duration": r.duration}
                               for r in records]
         obs_ids, context_ids = self._next_context(pending.parsed, outputs)
@@ -381,6 +414,7 @@ class ToolEnvironment(gym.Env):
         traj = self.trajectory
         traj.truncated = truncated
         traj.correct, traj.pred, traj.strict_correct = result.correct, result.pred, result.strict_correct
+        traj.graded_text = self._answer_text
         traj.reward = float(self.reward_fn(result, self.episode_stats()))
         self._done = True
         return np.zeros(0, dtype=np.int64), traj.reward, not truncated, truncated, self._info()

@@ -31,6 +31,17 @@ Options (keyword arguments to `get_reward_fn`, accepted by every built-in scheme
   use becomes a decision.
 - `strict`: grade with verl's strict box verdict (`Grade.strict_correct`) instead of the real one, to reproduce
   the verl recipe's rewards exactly for comparison runs.
+- `tool_success_reward` (default 0, off): a step reward added once per tool call that ran cleanly, on every outcome,
+  as THOR's step-level reward for successful code and GEM's `ToolEnvWrapper(tool_success_reward=...)`. Counted as
+  `successful_calls` (executed calls less failed or invalid ones), at most `max_rewarded_calls` of them (None: no
+  cap). A policy farms any per-call reward with trivial calls, so keep it small against the outcome gap, cap it, and
+  pair it with `sign_safe_rewards` below.
+
+Group-level option (it needs the whole GRPO group, so the trainer adapters apply it; `ReToolRollout(...,
+sign_safe_shaping=True)`): `sign_safe_rewards`, a shaping that can never give a correct rollout a negative advantage.
+AdaTIR (arXiv 2601.14696) shows that flat tool penalties (and step rewards, read the other way) make some correct
+rollouts score below their group's mean, so GRPO pushes a right answer down ("sign reversal"), and clips the shaping
+so that it cannot; `sign_safe_rewards` is that clip in reward space (see its docstring for why it holds).
 
 Custom schemes: any callable `(grade, episode_stats) -> float`, or a dotted path "package.module:function" (as TRL
 accepts reward functions), with keyword arguments bound by `get_reward_fn`.
@@ -41,12 +52,13 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from retool_env.grading import Grade
 
-__all__ = ["REWARD_SCHEMES", "SHAPING_UNITS", "EpisodeStats", "RewardFn", "get_reward_fn"]
+__all__ = ["REWARD_SCHEMES", "SHAPING_UNITS", "EpisodeStats", "RewardFn", "get_reward_fn", "sign_safe_rewards"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +73,11 @@ class EpisodeStats:
     truncated: bool = False  # the episode hit a token or turn budget before a final answer
     finish_reason: str = ""
 
+    @property
+    def successful_calls(self) -> int:
+        """Executed calls that ran cleanly, less any invalid call (the counts keep failed and invalid calls together):
+        what `tool_success_reward` pays for, never more than the calls that really succeeded."""
+        return max(0, self.num_tool_calls - self.num_tool_errors)
 
     @property
     def tool_rounds(self) -> int:
@@ -77,6 +94,15 @@ def _is_correct(grade: Grade, strict: bool) -> bool:
     return grade.strict_correct if strict else grade.correct
 
 
+def _tool_terms(stats: EpisodeStats, tool_call_cost: float, tool_success_reward: float,
+                max_rewarded_calls: int | None) -> float:
+    """What every scheme adds for the tool calls: minus the cost per executed call, plus the step reward per
+    successful call (capped)."""
+    rewarded = stats.successful_calls if max_rewarded_calls is None else min(stats.successful_calls,
+                                                                               max_rewarded_calls)
+    return tool_success_reward * rewarded - tool_call_cost * stats.num_tool_calls
+
+
 def _shaping_count(stats: EpisodeStats, per: str) -> int:
     if per not in SHAPING_UNITS:
         raise ValueError(f"per must be one of {SHAPING_UNITS}, not {per!r}")
@@ -84,31 +110,72 @@ def _shaping_count(stats: EpisodeStats, per: str) -> int:
 
 
 def retool_reward(grade: Grade, stats: EpisodeStats, *, per: str = "round", tool_call_cost: float = 0.0,
-                  strict: bool = False) -> float:
+                  strict: bool = False, tool_success_reward: float = 0.0,
+                  max_rewarded_calls: int | None = None) -> float:
     """verl recipe/retool: +1, or `min(-0.6, -1 + 0.1 * k)` when wrong, k tool rounds (`per="call"`: calls); minus
     `tool_call_cost` per executed call."""
     k = _shaping_count(stats, per)
     base = 1.0 if _is_correct(grade, strict) else min(-0.6, -1.0 + 0.1 * k)
-    return base - tool_call_cost * stats.num_tool_calls
+    return base + _tool_terms(stats, tool_call_cost, tool_success_reward, max_rewarded_calls)
 
 
 def retool_slime_reward(grade: Grade, stats: EpisodeStats, *, per: str = "round", tool_call_cost: float = 0.0,
-                        strict: bool = False) -> float:
+                        strict: bool = False, tool_success_reward: float = 0.0,
+                        max_rewarded_calls: int | None = None) -> float:
     """slime examples/retool: +1, or `min(-0.6, -1 + (k - 2) / 2 * 0.1)` when wrong, k tool rounds (`per="call"`:
     calls); minus `tool_call_cost` per executed call."""
     k = _shaping_count(stats, per)
     base = 1.0 if _is_correct(grade, strict) else min(-0.6, -1.0 + (k - 2) / 2 * 0.1)
-    return base - tool_call_cost * stats.num_tool_calls
+    return base + _tool_terms(stats, tool_call_cost, tool_success_reward, max_rewarded_calls)
 
 
-def paper_reward(grade: Grade, stats: EpisodeStats, *, tool_call_cost: float = 0.0, strict: bool = False) -> float:
+def paper_reward(grade: Grade, stats: EpisodeStats, *, tool_call_cost: float = 0.0, strict: bool = False,
+                 tool_success_reward: float = 0.0, max_rewarded_calls: int | None = None) -> float:
     """The ReTool paper: +1 if correct, else -1 (no tool shaping); minus `tool_call_cost * k`."""
-    return (1.0 if _is_correct(grade, strict) else -1.0) - tool_call_cost * stats.num_tool_calls
+    return (1.0 if _is_correct(grade, strict) else -1.0) + _tool_terms(stats, tool_call_cost, tool_success_reward,
+                                                                        max_rewarded_calls)
 
 
-def binary_reward(grade: Grade, stats: EpisodeStats, *, tool_call_cost: float = 0.0, strict: bool = False) -> float:
+def binary_reward(grade: Grade, stats: EpisodeStats, *, tool_call_cost: float = 0.0, strict: bool = False,
+                  tool_success_reward: float = 0.0, max_rewarded_calls: int | None = None) -> float:
     """Accuracy as a reward: 1 if correct, else 0; minus `tool_call_cost * k`."""
-    return (1.0 if _is_correct(grade, strict) else 0.0) - tool_call_cost * stats.num_tool_calls
+    return (1.0 if _is_correct(grade, strict) else 0.0) + _tool_terms(stats, tool_call_cost, tool_success_reward,
+                                                                       max_rewarded_calls)
+
+
+SIGN_SAFE_MARGIN = 1e-6
+
+
+def sign_safe_rewards(rewards: Sequence[float | None], correct: Sequence[bool | None]) -> list[float | None]:
+    """One GRPO group's rewards with the shaping of its correct rollouts clipped, so that none scores below the
+    group's mean: then no correct rollout gets a negative advantage (AdaTIR's sign reversal cannot happen).
+
+    With p the share of correct rollouts among the scored ones, M the best correct reward and w the mean wrong
+    reward, every correct reward is raised to at least `L = p * max(M, w) + (1 - p) * w`; wrong rewards are kept.
+    Why no sign can reverse: after the clip every correct reward is at most max(M, w) (L is a mean of max(M, w) and
+    w), so the group's mean is at most `p * max(M, w) + (1 - p) * w = L`, and every correct reward is at least L.
+    GRPO's advantage is `(r - mean) / (std + eps)` (TRL's group scaling, none, or batch scaling, verl's and slime's
+    too): a positive scale of `r - mean`, so a correct rollout's advantage is >= 0. What the clip costs: in a group
+    where every rollout is correct, L = M and the shaping among them is cut away (they all score M, advantage 0); in
+    a mixed group the shaping still orders the correct rollouts above L, and the wrong ones freely. Unscored (None)
+    entries are left out of the statistics and returned as None, as GRPO leaves them out. The floor carries a margin
+    of `SIGN_SAFE_MARGIN` (relative) over float32 rounding of a trainer's mean; equal rewards (the all-correct case)
+    still normalise to a float32 rounding error (|advantage| < 1e-3 under TRL's `std + 1e-4`), not a signal.
+    """
+    if len(rewards) != len(correct):
+        raise ValueError(f"{len(rewards)} rewards for {len(correct)} verdicts")
+    right = [r for r, c in zip(rewards, correct, strict=True) if r is not None and c]
+    wrong = [r for r, c in zip(rewards, correct, strict=True) if r is not None and not c]
+    if not right:
+        return list(rewards)
+    if not wrong:
+        best = max(right)
+        return [None if r is None else (max(r, best) if c else r) for r, c in zip(rewards, correct, strict=True)]
+    p, w = len(right) / (len(right) + len(wrong)), math.fsum(wrong) / len(wrong)
+    top = max(max(right), w)
+    floor = p * top + (1 - p) * w
+    floor += SIGN_SAFE_MARGIN * (1.0 + abs(floor))  # so a trainer's float32 mean cannot round above it
+    return [None if r is None else (max(r, floor) if c else r) for r, c in zip(rewards, correct, strict=True)]
 
 
 REWARD_SCHEMES: dict[str, RewardFn] = {

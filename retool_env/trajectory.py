@@ -102,7 +102,9 @@ class Trajectory:
     correct: bool | None = None
     pred: str | None = None
     strict_correct: bool | None = None
-    finish_reason: str = ""  # "answer", "length", "max_completion_tokens", "max_model_len", "max_tool_calls", "aborted: .."
+    graded_text: str | None = None  # the model text the grader read (set when the episode ends): for re-grading
+    # "answer", "length", "max_completion_tokens", "max_model_len", "max_tool_calls", "tool_timeout", "aborted: .."
+    finish_reason: str = ""
     truncated: bool = False
     earlier_samples: list[Sample] = field(default_factory=list)  # closed when the template rewrote history
     rewritten_turns: int = 0  # turns the template re-rendered in history while the episode stayed one sample

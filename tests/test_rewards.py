@@ -132,3 +132,60 @@ def test_the_environment_counts_rounds_with_an_executed_call(tiny_tok) -> None:
         assert reward == pytest.approx(-0.8)
     finally:
         env.close()
+
+
+# ------------------------------------------------------------------------- step reward and sign-safe shaping
+def test_tool_success_reward_pays_clean_calls_up_to_its_cap() -> None:
+    from retool_env.rewards import EpisodeStats
+
+    clean, messy = EpisodeStats(num_tool_calls=3), EpisodeStats(num_tool_calls=3, num_tool_errors=2)
+    assert clean.successful_calls == 3 and messy.successful_calls == 1
+    assert EpisodeStats(num_tool_calls=1, num_tool_errors=3).successful_calls == 0  # invalid calls count against
+    for scheme in ("retool", "retool_slime", "paper", "binary"):
+        plain, stepped = get_reward_fn(scheme), get_reward_fn(scheme, tool_success_reward=0.1)
+        for grade in (RIGHT, WRONG):
+            assert stepped(grade, clean) == pytest.approx(plain(grade, clean) + 0.3)
+            assert stepped(grade, messy) == pytest.approx(plain(grade, messy) + 0.1)
+        capped = get_reward_fn(scheme, tool_success_reward=0.1, max_rewarded_calls=2)
+        assert capped(RIGHT, clean) == pytest.approx(plain(RIGHT, clean) + 0.2)
+    assert get_reward_fn("retool")(RIGHT, clean) == 1.0  # off by default
+
+
+def _advantages(rewards: list[float]) -> list[float]:
+    """GRPO's group advantages as TRL computes them (float32, std + 1e-4)."""
+    import torch
+
+    r = torch.tensor(rewards, dtype=torch.float32)
+    return ((r - r.mean()) / (r.std() + 1e-4)).tolist()
+
+
+def test_a_flat_tool_cost_reverses_signs_and_sign_safe_rewards_cannot() -> None:
+    import random
+
+    from retool_env.rewards import sign_safe_rewards
+
+    costly = get_reward_fn("retool", tool_call_cost=0.1)
+    # AdaTIR's sign reversal: seven right answers, the one with three calls scores below the mean.
+    group = [(RIGHT, EpisodeStats())] * 6 + [(RIGHT, EpisodeStats(num_tool_calls=3)), (WRONG, EpisodeStats())]
+    rewards, correct = [costly(g, s) for g, s in group], [g.correct for g, _ in group]
+    assert _advantages(rewards)[6] < 0
+    safe = sign_safe_rewards(rewards, correct)
+    assert min(a for a, c in zip(_advantages(safe), correct, strict=True) if c) >= 0
+    assert safe[7] == rewards[7] and safe[:6] == rewards[:6]  # wrong kept, correct above the floor kept
+    rng = random.Random(0)
+    for _ in range(2000):  # any group, any shaping: no correct rollout below the mean
+        n = rng.randint(2, 16)
+        correct = [rng.random() < rng.random() for _ in range(n)]
+        rewards = [(1.0 if c else -1.0) + rng.uniform(-1.5, 1.5) for c in correct]
+        rewards = [None if rng.random() < 0.1 else r for r in rewards]
+        safe = sign_safe_rewards(rewards, correct)
+        scored = [(s, c) for s, c in zip(safe, correct, strict=True) if s is not None]
+        assert [s is None for s in safe] == [r is None for r in rewards]
+        if len({s for s, _ in scored}) > 1:
+            advantages = _advantages([s for s, _ in scored])
+            assert all(a >= 0 for a, (_, c) in zip(advantages, scored, strict=True) if c)
+        assert all(s == r for s, r, c in zip(safe, rewards, correct, strict=True) if not c)
+    assert sign_safe_rewards([0.9, 0.7, 1.0], [True, True, True]) == [1.0, 1.0, 1.0]  # all right: no shaping
+    assert sign_safe_rewards([-1.0, -0.8], [False, False]) == [-1.0, -0.8]
+    with pytest.raises(ValueError, match="verdicts"):
+        sign_safe_rewards([1.0], [True, False])

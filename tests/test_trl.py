@@ -344,6 +344,201 @@ def test_the_accuracy_filter_masks_groups_outside_its_range(problems):
         ReToolRollout(problems, accuracy_filter=(0.9, 0.1))
 
 
+def scripted(correct: bool, statuses: list[str] = (), pred: str | None = "1", reward: float | None = None,
+             problem_id: str = "") -> Trajectory:
+    """A finished trajectory with the given verdict and tool-call statuses (a scripted group member)."""
+    return Trajectory(prompt_ids=[1], completion_ids=[5, 6], env_mask=[1, 1], logprobs=[-0.1, -0.2], correct=correct,
+                      reward=(1.0 if correct else -1.0) if reward is None else reward, finish_reason="answer",
+                      pred=pred, problem_id=problem_id,
+                      tool_calls=[ToolCallRecord("x", "", status) for status in statuses])
+
+
+def test_roc_keeps_clean_positives_and_random_negatives_and_rejects_equal_groups(problems):
+    import random
+
+    from retool_adapters.trl import roc_penalty, roc_select
+
+    assert roc_penalty(scripted(True)) == 0.5  # no call: rStar2's 0.5
+    assert roc_penalty(scripted(True, ["ok", "error"])) == 0.5
+    assert roc_penalty(scripted(True, ["ok", "ok", "skipped"])) == 0.0
+    assert roc_penalty(scripted(False, ["timeout"], pred=None)) == 2.0
+    # 8 of a group: 4 positives (penalties 0.5, 0, 1, 0.25), 4 negatives; keep 4: 2 and 2.
+    penalties = [0.5, 0.0, 1.0, 0.25, 0, 0, 0, 0]
+    correct = [True] * 4 + [False] * 4
+    kept = roc_select([1.0] * 8, correct, penalties, 4, random.Random(0))
+    assert len(kept) == 4 and kept & {0, 1, 2, 3} == {1, 3} and len(kept & {4, 5, 6, 7}) == 2
+    draws = {frozenset(roc_select([1.0] * 8, correct, penalties, 4, random.Random(seed)) - {1, 3})
+             for seed in range(40)}
+    assert len(draws) > 3  # negatives are drawn, not ranked
+    # Proportions, with at least min(2, keep // 2) of a kind where there are enough: 1 positive of 8, keep 4.
+    one_right = [True] + [False] * 7
+    assert 0 in roc_select([0.0] * 8, one_right, [0.0] * 8, 4, random.Random(0))
+    assert len(roc_select([0.0] * 8, [True] * 6 + [False] * 2, [0.0] * 8, 4, random.Random(0)) & {6, 7}) == 2
+    assert roc_select([0.0] * 3, [True, False, False], [0.0] * 3, 4, random.Random(0)) == {0, 1, 2}
+
+    a, b = problems
+    group_a = [scripted(True, ["ok", "error"]), scripted(True, ["ok"]), scripted(False), scripted(False, ["ok"])]
+    group_b = [scripted(False, reward=-1.0) for _ in range(4)]  # equal rewards: rejected
+    rollout = ReToolRollout(problems, roc_down_sample=2)
+    rollout._prompt_env = types.SimpleNamespace(format=types.SimpleNamespace(end_token_ids=[7]))  # no env needed
+    plan = rollout.training_plan(group_a + group_b, [a] * 4 + [b] * 4, roc_seed=1)
+    assert plan.filters[:2] == [["roc"], []] and sorted(map(tuple, plan.filters[2:4])) == [(), ("roc",)]
+    assert plan.filters[4:] == [["roc_equal_reward"]] * 4
+    out = rollout.to_rollout_output(group_a + group_b, [a] * 4 + [b] * 4, lambda: None, plan=plan)
+    dropped = [i for i in range(4) if plan.filters[i]]
+    for i in range(8):
+        assert out["env_mask"][i] == ([0, 0] if plan.filters[i] else [1, 1])
+        assert (out["env_reward"][i] is None) == (out["correct"][i] is None) == (i in dropped)  # unscored
+    assert out["env_reward"][4:] == [-1.0] * 4  # rejected groups keep their (equal) rewards: advantage 0 anyway
+    with pytest.raises(ValueError, match="roc_down_sample"):
+        ReToolRollout(problems, roc_down_sample=1)
+
+
+def test_sign_safe_shaping_lifts_correct_rewards_of_each_group(problems):
+    a, b = problems
+    trajectories = [scripted(True, reward=1.0), scripted(True, reward=1.0), scripted(True, reward=0.0),
+                    scripted(False, reward=-1.0), scripted(True, reward=0.7), scripted(True, reward=0.9)]
+    batch = [a] * 4 + [b] * 2
+    rewards = ReToolRollout(problems, sign_safe_shaping=True).training_plan(trajectories, batch).rewards
+    assert rewards[:2] == [1.0, 1.0] and rewards[2] == pytest.approx(0.5, abs=1e-5) and rewards[2] > 0.5 and rewards[3] == -1.0
+    assert rewards[4:] == [0.9, 0.9]  # all right: no shaping within the group
+    assert ReToolRollout(problems).training_plan(trajectories, batch).rewards == [t.reward for t in trajectories]
+
+
+class ScriptedGenerator:
+    """A `Generator` that writes scripted turns: each new episode takes the next script (cycling), each later turn
+    of it the script's next text. Its logprobs are a constant; the tokens go through the real environment."""
+
+    def __init__(self, tokenizer, scripts: list[list[str]]) -> None:
+        self.tokenizer, self.scripts, self.next_script = tokenizer, scripts, 0
+        self.pending: dict[tuple[int, ...], list[str]] = {}  # prompt + the turn written -> the turns left
+
+    async def generate(self, prompt_ids, *, max_tokens, stop_token_ids=(), stop=(), sampling=None) -> Generation:
+        prompt = tuple(prompt_ids)
+        known = [key for key in self.pending if prompt[:len(key)] == key]
+        if known:
+            turns = self.pending.pop(max(known, key=len))
+        else:
+            turns = list(self.scripts[self.next_script % len(self.scripts)])
+            self.next_script += 1
+        ids = self.tokenizer.encode(turns[0], add_special_tokens=False) + [stop_token_ids[0]]
+        if turns[1:]:
+            self.pending[prompt + tuple(ids)] = turns[1:]
+        return Generation(ids, [-1.0] * len(ids), "stop")
+
+
+def call(code: str) -> str:
+    return '<tool_call>\n{"name": "code_interpreter", "arguments": {"code": "' + code + '"}}\n</tool_call>'
+
+
+SIX_SEVENS = Problem(question="What is 6 times 7?", answer="42", id="six-sevens")
+
+
+@pytest.mark.parametrize("option", ["roc_down_sample", "sign_safe_shaping", "on_timeout"])
+def test_grpo_trainer_trains_on_what_the_options_leave_and_records_every_episode(model_dir, tmp_path, monkeypatch,
+                                                                                  option):
+    """Scripted groups of 4 through the real environment and GRPOTrainer, two steps, records on: RoC keeps 2 of each
+    4 (the dropped ones reach the loss with no token and no advantage; the rest get advantages of their own pair);
+    sign-safe shaping leaves no correct episode a negative advantage where a flat tool cost would; `on_timeout="abort"`
+    ends an episode at its slow call, truncated as TRL sees it; every episode is recorded and `regrade` reproduces
+    every reward."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    from retool_env.records import read_records, regrade
+
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if option == "roc_down_sample":
+        scripts = [[call("1 / 0"), call("print(6 * 7)"), "So \\boxed{42}."],  # right, one error of two calls
+                   [call("print(7 * 6)"), "So \\boxed{42}."],                  # right, clean: RoC keeps it
+                   ["It is \\boxed{41}."],                                     # wrong
+                   [call("print(40)"), "It is \\boxed{40}."]]                  # wrong
+        options, reward_kwargs = {"roc_down_sample": 2}, {}
+    elif option == "on_timeout":
+        scripts = [[call("while True: pass"), "\\boxed{42}"], ["\\boxed{42}"], ["So: \\boxed{42}"],
+                   ["\\boxed{41}"]]
+        options, reward_kwargs = {"on_timeout": "abort", "tool_timeout": 0.5}, {}
+    else:
+        scripts = [["\\boxed{42}"], ["So: \\boxed{42}"],
+                   [call("print(6 * 7)"), call("print(42)"), "\\boxed{42}"],  # right, but 2 calls cost 1.0
+                   ["\\boxed{41}"]]
+        options, reward_kwargs = {"sign_safe_shaping": True}, {"tool_call_cost": 0.5}
+    outputs, loss_inputs = [], []
+
+    class Recorded(ReToolRollout):
+        def __call__(self, prompts, trainer):
+            outputs.append(super().__call__(prompts, trainer))
+            return outputs[-1]
+
+    records_path = tmp_path / "records.jsonl"
+    rollout = Recorded([SIX_SEVENS], generator=ScriptedGenerator(tokenizer, scripts), max_tool_calls=4,
+                       reward_kwargs=reward_kwargs, records_path=records_path, **options)
+    args = GRPOConfig(
+        output_dir=str(tmp_path), use_cpu=True, bf16=False, gradient_checkpointing=False, seed=0, max_steps=2,
+        per_device_train_batch_size=4, num_generations=4, max_completion_length=256, learning_rate=1e-4,
+        logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True, reward_weights=list(REWARD_WEIGHTS),
+    )
+    trainer = GRPOTrainer(model=str(model_dir), reward_funcs=list(REWARD_FUNCS), args=args,
+                          train_dataset=problems_to_dataset([SIX_SEVENS]), processing_class=tokenizer,
+                          rollout_func=rollout)
+    compute_loss = trainer._compute_loss
+
+    def capturing_compute_loss(model, inputs):
+        loss_inputs.append({key: inputs[key].detach().clone()
+                            for key in ("completion_ids", "completion_mask", "tool_mask", "advantages")})
+        return compute_loss(model, inputs)
+
+    trainer._compute_loss = capturing_compute_loss
+    trainer.train()
+
+    assert len(outputs) == len(loss_inputs) == 2
+    for out, inputs in zip(outputs, loss_inputs, strict=True):
+        texts = [tokenizer.decode(ids) for ids in out["completion_ids"]]
+        rows = {}  # the loss batch's rows by their completion text (TRL may shuffle the batch)
+        for row in range(len(inputs["completion_ids"])):
+            length = int(inputs["completion_mask"][row].sum())
+            rows[tokenizer.decode(inputs["completion_ids"][row, :length].tolist())] = row
+        advantage = {i: inputs["advantages"][rows[text]].item() for i, text in enumerate(texts)}
+        trained = {i: bool((inputs["completion_mask"] * inputs["tool_mask"])[rows[text]].any())
+                   for i, text in enumerate(texts)}
+        if option == "roc_down_sample":
+            kept = [i for i, reward in enumerate(out["env_reward"]) if reward is not None]
+            assert len(kept) == 2 and [trained[i] for i in range(4)] == [i in kept for i in range(4)]
+            clean = next(i for i, text in enumerate(texts) if "7 * 6" in text)
+            assert clean in kept and out["correct"][clean]  # the positive with no tool error
+            assert all(advantage[i] == 0.0 for i in range(4) if i not in kept)
+            (negative,) = [i for i in kept if i != clean]
+            assert advantage[clean] > 0 > advantage[negative]
+            assert advantage[clean] == pytest.approx(-advantage[negative])  # normalised over the pair alone
+        elif option == "on_timeout":  # the slow call ended the episode: truncated for TRL, wrong, trained on
+            slow = next(i for i, text in enumerate(texts) if "while True" in text)
+            assert out["finish_reason"][slow] == "tool_timeout" and out["truncated"][slow]
+            assert "tool_response" not in texts[slow] and out["env_reward"][slow] == pytest.approx(-0.9)
+            assert trained[slow] and advantage[slow] < 0
+            assert out["completion_ids"][slow][-1] not in (tokenizer.eos_token_id, tokenizer.pad_token_id)
+        else:
+            costly = next(i for i, text in enumerate(texts) if "print(42)" in text)
+            assert out["correct"][costly] and out["num_tool_calls"][costly] == 2
+            assert all(advantage[i] >= 0 for i in range(4) if out["correct"][i])
+            assert advantage[costly] > 0 and all(trained.values())
+            raw = [1.0, 1.0, 0.0, -1.0]  # what it would have been without the option: a sign reversal
+            assert raw[2] < sum(raw) / 4
+    records = list(read_records(records_path))
+    assert len(records) == 8 and [r["policy_version"] for r in records] == [0] * 4 + [1] * 4
+    assert [r["trained_reward"] for r in records] == [r for out in outputs for r in out["env_reward"]]
+    for record, mask in zip(records, [m for out in outputs for m in out["env_mask"]], strict=True):
+        assert record["env_mask"] == mask[:len(record["env_mask"])] and len(record["env_mask"]) == len(
+            record["completion_ids"])
+        assert bool(record["filtered"]) == (not any(mask))
+    assert all(r["seed"] is not None and r["tool_calls"] is not None for r in records)
+    report = regrade(records, "default")
+    assert report.regraded == 8 and report.reward_mismatches == 0 and report.verdict_changes == 0
+    (logged, *_) = [entry for entry in trainer.state.log_history if "retool/parse_failure_rate" in entry]
+    assert logged["retool/parse_failure_rate"] == (0.25 if option == "on_timeout" else 0.0)  # no answer written
+    if option == "roc_down_sample":
+        assert logged["retool/roc_dropped"] == 0.5 and logged["retool/roc_rejected_groups"] == 0.0
+
+
 # ---------------------------------------------------------------------------------------- the real GRPOTrainer
 @pytest.mark.parametrize("option", ["mask_void_turns", "accuracy_filter"])
 def test_grpo_trainer_masks_episodes_with_a_void_turn(model_dir, problems, tmp_path, monkeypatch, option):

@@ -284,3 +284,40 @@ def test_the_async_recipe_parses_and_the_script_takes_async():
     result = subprocess.run([sys.executable, str(root / "training" / "grpo_trl.py"), "--async", "--help-all"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "--max_staleness" in result.stdout and "--max_tool_calls" in result.stdout
+
+
+def test_sign_safe_shaping_keeps_correct_samples_advantages_non_negative():
+    from retool_env.data import Problem
+    from retool_env.trajectory import Trajectory
+
+    def traj(reward, correct):
+        return Trajectory(prompt_ids=[1, 2], completion_ids=[5, 6], env_mask=[1, 1], logprobs=[-0.1, -0.2],
+                          finish_reason="answer", reward=reward, correct=correct, pred="4")
+
+    group = [traj(1.0, True), traj(1.0, True), traj(0.0, True), traj(-1.0, False)]  # a tool cost made 0.0
+    plain = ReToolRolloutWorker([Problem("q", "4")], None, None).to_samples(group, group_id=0)
+    safe = ReToolRolloutWorker([Problem("q", "4")], None, None, sign_safe_shaping=True).to_samples(group, group_id=0)
+    assert plain[2].advantage < 0 and min(s.advantage for s in safe[:3]) > 0 and safe[3].advantage < 0
+    assert [s.metrics["rewards/env_reward"] for s in safe] == [1.0, 1.0, 0.0, -1.0]  # the env's reward, logged
+
+
+def test_the_worker_records_every_episode_of_a_group(model_dir, problems, generator, tmp_path):
+    import asyncio
+
+    from retool_env.records import read_records, regrade
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    worker = ReToolRolloutWorker(problems, tokenizer, generator, num_generations=3, max_completion_tokens=128,
+                                 sampling=SamplingParams(temperature=0.7, seed=5), max_tool_calls=2,
+                                 records_path=str(tmp_path / "records.jsonl"))
+    asyncio.run(worker._play_group(problems[0], group_id=7))
+    records = list(read_records(tmp_path / "records.jsonl"))
+    queued = [worker.rollout_buffer.get_nowait() for _ in range(worker.rollout_buffer.qsize())]
+    assert len(records) == 3 and {r["group"] for r in records} == {7} and len({r["seed"] for r in records}) == 3
+    assert all(r["problem_id"] == problems[0].id and r["question"] == problems[0].question for r in records)
+    done = [r for r in records if not r["aborted"]]
+    assert [r["completion_ids"] for r in done] == [
+        s.input_ids[len(r["prompt_ids"]):].tolist() for s, r in zip(queued, done, strict=True)]
+    assert all(r["policy_version"] == 0 and r["tool_calls"] for r in records)
+    report = regrade(records)
+    assert report.regraded == len(queued) and report.reward_mismatches == 0
