@@ -12,12 +12,13 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
 pytest.importorskip("verifiers.v1", reason="verifiers is not installed here; run scripts/test_frameworks.sh")
 
-from retool_adapters.verifiers import ReToolTaskset, ReToolTasksetConfig  # noqa: E402
+from retool_adapters.verifiers import ReToolTaskset, ReToolTasksetConfig
 
 
 def call(code: str, call_id: str) -> dict:
@@ -47,9 +48,9 @@ SCRIPTS: dict[str, list[dict]] = {
 class ScriptedModel(BaseHTTPRequestHandler):
     """`POST /v1/chat/completions`: the next scripted reply for the conversation's problem."""
 
-    requests: list[dict] = []
+    requests: ClassVar[list[dict]] = []
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.requests.append(body)
         question = next(q for q in SCRIPTS if q in body["messages"][0]["content"])
@@ -61,7 +62,7 @@ class ScriptedModel(BaseHTTPRequestHandler):
                                                          else "stop"}],
                     "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}})
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self._send({"object": "list", "data": [{"id": "scripted", "object": "model"}]})
 
     def _send(self, payload: dict) -> None:
@@ -131,7 +132,8 @@ def test_vf_eval_plays_a_right_and_a_wrong_episode(scripted_model, problems, tmp
         return [m["content"] for m in body["messages"] if m["role"] == "tool"]
 
     assert len(requests) == 6 and all(b["tools"][0]["function"]["name"] == "execute_python" for b in requests)
-    assert tool_messages("123 * 456", 2) == ["(no output)", "56088\n"]  # tool output in the next model input,
-    right_answer_turn = tool_messages("7 * 8", 2)  # and the session's `x` never leaks into another rollout
-    assert right_answer_turn[0].startswith("Error: the arguments must be a JSON object")
-    assert right_answer_turn[1] == "\\boxed{56} 4\n"
+    # tool output in the next model input; the right episode's `x` lives in its own session only
+    assert tool_messages("123 * 456", 2) == ["(no output)", "56088\n"]
+    wrong_outputs = tool_messages("7 * 8", 2)
+    assert wrong_outputs[0].startswith("Error: the arguments must be a JSON object")
+    assert wrong_outputs[1] == "\\boxed{56} 4\n"
