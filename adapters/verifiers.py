@@ -6,16 +6,17 @@ verifiers 0.4.0 ships only `verifiers/v1`: an environment is a `Taskset` (tasks 
 `Harness` (the program that talks to the model). Its built-in harnesses run a program in a runtime (the `null` chat
 loop is a PEP 723 script that `uv` builds); `ReToolHarness` instead runs its loop in the rollout's own process, as
 `Harness.launch` allows, with every model call through verifiers' interception `endpoint`, so verifiers records
-each turn (and, under prime-rl, its tokens) in the trace. Each rollout gets its own sandbox session (variables
-persist between its calls, never across rollouts) and the harness counts the calls it really ran, which the ReTool
-reward's shaping reads (`min(-0.6, -1 + 0.1 * k)` when wrong). Only the model's last reply is graded, never tool
+each turn in the trace. Each rollout gets its own sandbox session (variables persist between its calls, never
+across rollouts) and the harness counts the calls it really ran, which the ReTool reward's shaping reads
+(`min(-0.6, -1 + 0.1 * k)` when wrong). Only the model's last reply is graded, never tool
 output: code that prints `\\boxed{...}` earns nothing.
 
-The module is a verifiers plugin (it exports one `Taskset` and one `Harness`, so the harness is the taskset's
-default)::
+verifiers imports a taskset id as a top-level module, so the plugin is `retool_verifiers`, which re-exports this
+module (one `Taskset` and one `Harness`: the harness is the taskset's default). The harness runs nothing in
+verifiers' runtime, so pick the local one::
 
-    vf-eval retool_adapters.verifiers --env.taskset.dataset arith --model Qwen/Qwen3-4B \\
-        --client.base-url http://localhost:8000/v1 --num-rollouts 4
+    vf-eval retool_verifiers --env.taskset.dataset arith --env.agent.runtime.type subprocess \\
+        --model Qwen/Qwen3-4B --client.base-url http://localhost:8000/v1 --num-rollouts 4
 """
 
 from __future__ import annotations
