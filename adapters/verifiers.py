@@ -27,7 +27,7 @@ from typing import Any
 
 try:
     import verifiers.v1 as vf
-    from openai import AsyncOpenAI
+    from openai import APIStatusError, AsyncOpenAI
     from verifiers.v1.runtimes import ProgramResult
     from verifiers.v1.types import content_text
 except ModuleNotFoundError as exc:
@@ -102,7 +102,7 @@ class ReToolHarness(vf.Harness[ReToolHarnessConfig]):
     session; the loop ends at the first reply without tool calls (the answer) or at `max_turns`."""
 
     APPENDS_SYSTEM_PROMPT = True
-    SUPPORTS_RESUME = True
+    SUPPORTS_RESUME = False  # each launch owns its sandbox session; a relaunch would start a fresh one
     EXECUTES_CODE = False  # code runs in the project's sandbox, never in verifiers' runtime
     NEEDS_CONTAINER = False
 
@@ -118,8 +118,13 @@ class ReToolHarness(vf.Harness[ReToolHarnessConfig]):
         client = AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=0)
         try:
             for _ in range(self.config.max_turns):
-                completion = await client.chat.completions.create(model=ctx.model, messages=messages,
-                                                                  tools=[EXECUTE_PYTHON_TOOL])
+                try:
+                    completion = await client.chat.completions.create(model=ctx.model, messages=messages,
+                                                                      tools=[EXECUTE_PYTHON_TOOL])
+                except APIStatusError:
+                    if trace.stop_condition is not None:  # verifiers refused the turn (max_turns, a token cap)
+                        break
+                    raise
                 message = completion.choices[0].message
                 messages.append(message.model_dump(exclude_none=True))
                 if not message.tool_calls:

@@ -103,25 +103,32 @@ def test_taskset_yields_the_projects_problems(problems):
     assert tasks[0].data.prompt.startswith("What is 123 * 456?") and "\\boxed{}" in tasks[0].data.prompt
 
 
-def test_vf_eval_plays_a_right_and_a_wrong_episode(scripted_model, problems, tmp_path):
-    base_url, requests = scripted_model
-    vf_eval = Path(sys.executable).with_name("vf-eval")
-    out = tmp_path / "out"
+def vf_eval(base_url: str, problems: Path, out: Path, *flags: str) -> dict[str, dict]:
+    """Run verifiers' `vf-eval` on the plugin; the traces it stored, by problem id."""
     proc = subprocess.run(
-        [str(vf_eval), "retool_verifiers", "--env.taskset.dataset", str(problems),
+        [str(Path(sys.executable).with_name("vf-eval")), "retool_verifiers", "--env.taskset.dataset", str(problems),
          "--env.agent.runtime.type", "subprocess", "--model", "scripted", "--client.base-url", base_url,
          "--client.api-key-var", "SCRIPTED_API_KEY", "--num-rollouts", "1", "--push", "false",
-         "--output-dir", str(out)],
-        env={**os.environ, "SCRIPTED_API_KEY": "scripted"}, cwd=tmp_path, capture_output=True, text=True,
+         "--output-dir", str(out), *flags],
+        env={**os.environ, "SCRIPTED_API_KEY": "scripted"}, cwd=out.parent, capture_output=True, text=True,
         timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (traces_file,) = out.glob("*/traces.jsonl")
     episodes = [json.loads(line) for line in traces_file.read_text().splitlines()]
-    traces = {e["task"]["data"]["id"]: trace for e in episodes for trace in e["traces"]}
+    return {e["task"]["data"]["id"]: trace for e in episodes for trace in e["traces"]}
+
+
+def total_reward(trace: dict) -> float:
+    return sum(r["score"] * r["weight"] for r in trace["rewards"].values())
+
+
+def test_vf_eval_plays_a_right_and_a_wrong_episode(scripted_model, problems, tmp_path):
+    base_url, requests = scripted_model
+    traces = vf_eval(base_url, problems, tmp_path / "out")
     assert set(traces) == {"right", "wrong"}
     for trace in traces.values():
         assert not trace.get("errors"), trace.get("errors")
-    rewards = {k: sum(r["score"] * r["weight"] for r in t["rewards"].values()) for k, t in traces.items()}
+    rewards = {k: total_reward(t) for k, t in traces.items()}
     assert rewards == {"right": 1.0, "wrong": pytest.approx(-0.9)}
     assert traces["right"]["info"]["retool_num_tool_calls"] == 2 and traces["right"]["info"]["correct"] is True
     assert traces["wrong"]["info"]["retool_num_tool_calls"] == 1 and traces["wrong"]["info"]["pred"] == "4"
@@ -137,3 +144,13 @@ def test_vf_eval_plays_a_right_and_a_wrong_episode(scripted_model, problems, tmp
     wrong_outputs = tool_messages("7 * 8", 2)
     assert wrong_outputs[0].startswith("Error: the arguments must be a JSON object")
     assert wrong_outputs[1] == "\\boxed{56} 4\n"
+
+
+def test_a_turn_cap_ends_the_episode_unanswered(scripted_model, problems, tmp_path):
+    """verifiers refuses the turn past `max_turns`: the harness ends the rollout cleanly, graded on what it said."""
+    base_url, requests = scripted_model
+    traces = vf_eval(base_url, problems, tmp_path / "out", "--env.agent.max-turns", "1", "--select.limit", "1")
+    (trace,) = traces.values()
+    assert not trace.get("errors"), trace.get("errors")
+    assert total_reward(trace) == pytest.approx(-0.9) and trace["info"]["correct"] is False
+    assert trace["info"]["retool_num_tool_calls"] == 1 and len(requests) == 1
