@@ -27,7 +27,7 @@ from typing import Any
 
 try:
     import verifiers.v1 as vf
-    from openai import APIStatusError, AsyncOpenAI
+    from openai import AsyncOpenAI
     from verifiers.v1.runtimes import ProgramResult
     from verifiers.v1.types import content_text
 except ModuleNotFoundError as exc:
@@ -118,13 +118,9 @@ class ReToolHarness(vf.Harness[ReToolHarnessConfig]):
         client = AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=0)
         try:
             for _ in range(self.config.max_turns):
-                try:
-                    completion = await client.chat.completions.create(model=ctx.model, messages=messages,
-                                                                      tools=[EXECUTE_PYTHON_TOOL])
-                except APIStatusError:
-                    if trace.stop_condition is not None:  # verifiers refused the turn (max_turns, a token cap)
-                        break
-                    raise
+                # past a verifiers cap (max_turns, tokens) the call fails; verifiers ends the rollout as stopped
+                completion = await client.chat.completions.create(model=ctx.model, messages=messages,
+                                                                  tools=[EXECUTE_PYTHON_TOOL])
                 message = completion.choices[0].message
                 messages.append(message.model_dump(exclude_none=True))
                 if not message.tool_calls:
