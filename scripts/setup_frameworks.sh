@@ -33,6 +33,13 @@ $pip reasoning-gym==0.1.23
 # mcp<2; its resources-server code runs on 3.11 with what it imports (wandb, yappi, gprof2dot, pydot, itsdangerous).
 $pip wandb==0.31.0 yappi==1.7.6 gprof2dot==2025.4.14 pydot==4.0.1 itsdangerous==2.2.0
 $pip --no-deps --ignore-requires-python nemo-gym==0.4.0
+# verifiers v1 (retool_adapters.verifiers, `vf-eval retool_verifiers`): verifiers 0.4.0 pins mcp==2.0.0 and openai<3,
+# which would downgrade openenv-core's mcp 2.3.0 (its fastmcp client then fails to import); v1's eval, interception
+# server and trace store run on mcp 2.3.0 and openai 3.57.0 (tests/test_adapter_verifiers.py), so it goes in --no-deps.
+$pip --no-deps verifiers==0.4.0
+$pip aiofiles==25.1.0 anthropic==2.15.0 gepa==0.1.4 loguru==0.7.3 "prime-pydantic-config[toml]==0.4.3" prime-runs==0.1.4 \
+    prime-sandboxes==0.5.1 prime-tunnel==0.1.15 "renderers[multimodal]==0.1.12"
+$venv/bin/python -c "import verifiers.v1, retool_verifiers"
 $venv/bin/python -c "
 import openrlhf.utils.agent, gem, nemo_gym.base_resources_server
 import verl.experimental.agent_loop.agent_loop, verl.trainer.ppo.v1.agent_loop_tq, verl.trainer.ppo.v1.trainer_sync
