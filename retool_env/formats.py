@@ -300,6 +300,7 @@ class HermesFormat(ToolFormat):
     """Qwen-style `<tool_call>` JSON calls; results as `tool` turns rendered by the tokenizer's chat template."""
 
     name = "hermes"
+    dialect: Dialect = get_dialect("hermes")
     default_prompt = "slime"
     call_glue = "\n"
     call_ends_turn = True
@@ -322,6 +323,7 @@ class HermesFormat(ToolFormat):
             raise ValueError(f"cannot find the end-of-turn token after an assistant message in the chat template "
                              f"(it renders {after_content[:40]!r})")
         self.turn_end_id = self.encode(self.turn_end)[0]
+        self.shape = tool_call_shape(tokenizer.chat_template, "hermes")  # how the template reads `tool_calls`
         if not renders_tools(tokenizer.chat_template):  # e.g. DeepSeek-R1-Distill: the prompt must show the tool
             self.system_prompt = tool_system_prompt("hermes", [CODE_INTERPRETER_TOOL])
 
@@ -456,7 +458,9 @@ class DialectFormat(ToolFormat):
         self.shape = tool_call_shape(template, self.dialect.name)
         self.system_prompt = (None if renders_tools(template) else
                               tool_system_prompt(self.dialect, [CODE_INTERPRETER_TOOL]))
-        head = [{"role": "user", "content": "u"}, {"role": "assistant", "content": HermesFormat._DUMMY}]
+        # A user turn after it, for templates whose next header ends the assistant's turn (GLM's <|user|>).
+        head = [{"role": "user", "content": "u"}, {"role": "assistant", "content": HermesFormat._DUMMY},
+                {"role": "user", "content": "v"}]
         head_text = self._render(head, add_generation_prompt=False)
         after_content = head_text[head_text.index(HermesFormat._DUMMY) + len(HermesFormat._DUMMY):].lstrip("\n")
         special = sorted(set(tokenizer.all_special_tokens) | added, key=len, reverse=True)
