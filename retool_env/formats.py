@@ -520,7 +520,7 @@ class DialectFormat(ToolFormat):
         # The message the template renders for this turn: its calls as `tool_calls` when every call was read
         message = None
         if self.shape is not None and calls and len(function_calls) == len(calls):
-            message = self.dialect.tool_call_message(turn.content.strip() if self.shape.content is not None
+            message = self.dialect.tool_call_message(turn.content if self.shape.content is not None
                                                      else None, function_calls,
                                                      arguments_as_string=self.shape.arguments_as_string)
         if ended:

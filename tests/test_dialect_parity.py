@@ -59,20 +59,27 @@ def render(tok, messages, add_generation_prompt=True) -> str:
 
 def scripted_call(env: ToolEnvironment, code: str) -> tuple[dict, list[int]]:
     """The call turn as the template renders it from an assistant message, and the tokens the model writes for it
-    (after the generation prompt, up to and with the first end token)."""
+    (after the generation prompt, up to and with the first end token). Without reasoning, else (where the
+    generation prompt opens a think block) with it, as a `reasoning_content` field or in the content."""
     tok, fmt = env.tokenizer, env.format
     messages = env._conversation.messages
     prompt = render(tok, messages)
     call = FunctionCall("code_interpreter", {"code": code})
-    content = "" if fmt.shape is None or fmt.shape.content is not None else None
-    message = fmt.dialect.tool_call_message(content, [call], arguments_as_string=bool(fmt.shape and
-                                                                                        fmt.shape.arguments_as_string))
+    think = "<think>\nLet me compute.\n</think>\n\n"
     if fmt.shape is None:  # the template drops tool_calls: the model's text is the content
-        message = {"role": "assistant", "content": fmt.call_text(code)}
-    full = render(tok, [*messages, message, *fmt.tool_messages(["42\n"])])
-    if not full.startswith(prompt):
-        pytest.skip(f"the generation prompt ({prompt[-30:]!r}) is not a prefix of the call's rendering")
-    ids = encode(tok, full[len(prompt):])
+        variants = [{"role": "assistant", "content": text} for text in (fmt.call_text(code), think + fmt.call_text(code))]
+    else:
+        message = fmt.dialect.tool_call_message(fmt.shape.content, [call],
+                                                arguments_as_string=fmt.shape.arguments_as_string)
+        variants = [message, {**message, "reasoning_content": "Let me compute."}, {**message, "content": think}]
+    for message in variants:
+        full = render(tok, [*messages, message, *fmt.tool_messages(["42\n"])])
+        if full.startswith(prompt):
+            ids = encode(tok, full[len(prompt):])
+            break
+    else:  # the template drops the reasoning it prefilled (DeepSeek-R1-Distill): the model writes it, then calls
+        assert prompt.endswith("<think>\n")
+        ids = encode(tok, think.removeprefix("<think>\n") + fmt.call_text(code) + tok.eos_token)
     end = next(i for i, t in enumerate(ids) if t in fmt.end_token_ids)
     return message, ids[: end + 1]
 
