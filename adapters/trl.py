@@ -36,7 +36,7 @@ from retool_adapters.chat_templates import training_env_kwargs
 from retool_env.config import EnvConfig
 from retool_env.data import Problem
 from retool_env.env import EMPTY_OUTPUT, load_tokenizer, shared_sandbox
-from retool_env.formats import CODE_INTERPRETER_TOOL, clip_tokens, strip_code_fences
+from retool_env.formats import CODE_INTERPRETER_TOOL, clip_tokens, resolve_tool_format, strip_code_fences
 from retool_env.grading import Grade, grade
 from retool_env.rewards import EpisodeStats, get_reward_fn
 from retool_env.rollout import Generator, SamplingParams, derive_seed, run_episodes
@@ -267,6 +267,8 @@ class ReToolRollout:
         tokenizer = self.tokenizer if self.tokenizer is not None else trainer.processing_class
         self.env_kwargs = training_env_kwargs(tokenizer, self.env_kwargs)  # logs once: then the template is chosen
         kwargs = {"max_completion_tokens": trainer.args.max_completion_length, **self.env_kwargs}
+        if getattr(trainer.args, "chat_template_kwargs", None) and "chat_template_kwargs" not in kwargs:
+            kwargs["chat_template_kwargs"] = dict(trainer.args.chat_template_kwargs)  # e.g. enable_thinking
         return lambda: ToolEnvironment(tokenizer, self.problems, **kwargs)
 
     def _spare_env(self, make_env: Callable[[], Any]) -> Any:
@@ -525,12 +527,12 @@ class CodeInterpreterEnvironment:
 
     def __init__(self, tokenizer: Any, **config: Any) -> None:
         self.config = EnvConfig(**config)
-        if self.config.tool_format != "hermes":
+        self.tokenizer = load_tokenizer(tokenizer)
+        if resolve_tool_format(self.config.tool_format, self.tokenizer) != "hermes":
             raise ValueError(f"TRL's tool loop parses the chat template's own tool calls (hermes); the "
                              f"{self.config.tool_format!r} format needs ReToolRollout (rollout_func)")
         if self.config.max_turn_tokens is not None:
             raise ValueError("TRL's tool loop has no per-turn budget; unset max_turn_tokens, or use ReToolRollout")
-        self.tokenizer = load_tokenizer(tokenizer)
         self.reward_fn = get_reward_fn(self.config.reward, **self.config.reward_kwargs)
         self.answer: str | None = None
         self.tool_calls: list[ToolCallRecord] = []
