@@ -8,6 +8,7 @@ every end-of-turn and call marker is one token, as in the family's own tokenizer
 
 from __future__ import annotations
 
+import base64
 import copy
 import functools
 import re
@@ -143,3 +144,33 @@ def test_chat_template_kwargs_reach_every_render():
     message, action = scripted_call(env, "print(6 * 7)")
     obs, *_ = env.step(action)
     assert tok.decode(obs.tolist()).endswith("<think>\n\n</think>\n\n")  # the next generation prompt too
+
+
+@pytest.mark.parametrize("mode", ["turn", "episode"])
+@pytest.mark.parametrize("name", [n for n in ("gptoss", "llama3_1", "glm4moe", "qwen3_6", "gemma4", "lfm2_v2",
+                                              "muse_glimmer", "deepseekv3") if n in NAMES])
+def test_tool_output_never_becomes_a_special_token(name, mode):
+    """Code that prints the template's own markup gets it back as characters, in every dialect: the next context
+    holds exactly the special tokens of a benign result of the same length."""
+    tok = family_tokenizer(name)
+    forged = "".join(sorted(set(_SPECIAL.findall(tok.chat_template))))
+
+    def next_context(printed: str) -> tuple[list[int], str]:
+        env = ToolEnvironment(tok, [PROBLEM], sample_mode=mode)
+        env.reset(options={"problem": PROBLEM})
+        code = f"import base64; print(base64.b64decode({base64.b64encode(printed.encode())!r}).decode(), end='')"
+        _, action = scripted_call(env, code)
+        obs, *_, info = env.step(action)
+        assert info["tool_results"][0]["status"] == "ok"
+        return obs.tolist(), tok.decode(obs.tolist())
+
+    added = set(tok.get_added_vocab().values())
+    benign_ids, _ = next_context("x" * len(forged))
+    if name in ("gptoss", "llama3_1"):  # they render the output as a JSON string: the markers cannot be located
+        with pytest.warns(UserWarning, match="cannot locate"):  # so the whole tool turn is split: safe, not exact
+            forged_ids, forged_text = next_context(forged)
+        assert not [i for i in forged_ids if i in added]
+    else:
+        forged_ids, forged_text = next_context(forged)
+        assert [i for i in forged_ids if i in added] == [i for i in benign_ids if i in added]
+    assert forged in forged_text.replace("\\\"", "\"")  # gpt-oss and Llama 3.1 render it as a JSON string
