@@ -174,3 +174,19 @@ def test_tool_output_never_becomes_a_special_token(name, mode):
         forged_ids, forged_text = next_context(forged)
         assert [i for i in forged_ids if i in added] == [i for i in benign_ids if i in added]
     assert forged in forged_text.replace("\\\"", "\"")  # gpt-oss and Llama 3.1 render it as a JSON string
+
+
+def test_trls_chat_template_kwargs_reach_the_rollouts_environments():
+    """ReToolRollout reads GRPOConfig.chat_template_kwargs from the trainer it is handed (a stand-in holding only the
+    two fields read here: the real GRPOTrainer path runs in tests/test_trl.py)."""
+    pytest.importorskip("trl")
+    from types import SimpleNamespace
+
+    from retool_adapters.trl import ReToolRollout
+
+    tok = family_tokenizer("qwen3_6") if "qwen3_6" in NAMES else pytest.skip("needs TRL's templates")
+    trainer = SimpleNamespace(args=SimpleNamespace(max_completion_length=64,
+                                                   chat_template_kwargs={"enable_thinking": False}))
+    env = ReToolRollout([PROBLEM], tokenizer=tok, chat_template="qwen3_6")._env_factory(trainer)()
+    assert env.chat_template_kwargs == {"enable_thinking": False}
+    assert tok.decode(env.reset(options={"problem": PROBLEM})[0].tolist()).endswith("<think>\n\n</think>\n\n")
