@@ -39,7 +39,7 @@ from retool_adapters.chat_templates import training_env_kwargs
 from retool_env.config import EnvConfig
 from retool_env.data import Problem
 from retool_env.env import EMPTY_OUTPUT, format_error, load_tokenizer, parse_error_format, shared_sandbox
-from retool_env.formats import CODE_INTERPRETER_TOOL, clip_tokens, strip_code_fences
+from retool_env.formats import CODE_INTERPRETER_TOOL, clip_tokens, resolve_tool_format, strip_code_fences
 from retool_env.grading import Grade, grade
 from retool_env.records import RecordWriter, episode_record
 from retool_env.rewards import EpisodeStats, get_reward_fn, sign_safe_rewards
@@ -371,6 +371,8 @@ class ReToolRollout:
         tokenizer = self.tokenizer if self.tokenizer is not None else trainer.processing_class
         self.env_kwargs = training_env_kwargs(tokenizer, self.env_kwargs)  # logs once: then the template is chosen
         kwargs = {"max_completion_tokens": trainer.args.max_completion_length, **self.env_kwargs}
+        if getattr(trainer.args, "chat_template_kwargs", None) and "chat_template_kwargs" not in kwargs:
+            kwargs["chat_template_kwargs"] = dict(trainer.args.chat_template_kwargs)  # e.g. enable_thinking
         return lambda: ToolEnvironment(tokenizer, self.problems, **kwargs)
 
     def _spare_env(self, make_env: Callable[[], Any]) -> Any:
@@ -684,7 +686,8 @@ class CodeInterpreterEnvironment:
 
     def __init__(self, tokenizer: Any, **config: Any) -> None:
         self.config = EnvConfig(**config)
-        if self.config.tool_format != "hermes":
+        self.tokenizer = load_tokenizer(tokenizer)
+        if resolve_tool_format(self.config.tool_format, self.tokenizer) != "hermes":
             raise ValueError(f"TRL's tool loop parses the chat template's own tool calls (hermes); the "
                              f"{self.config.tool_format!r} format needs ReToolRollout (rollout_func)")
         if self.config.max_turn_tokens is not None:
@@ -693,7 +696,6 @@ class CodeInterpreterEnvironment:
             raise ValueError("TRL's tool loop cannot end an episode at a tool timeout; keep on_timeout='feedback', "
                              "or use ReToolRollout")
         self.error_format = parse_error_format(self.config.error_format)
-        self.tokenizer = load_tokenizer(tokenizer)
         self.reward_fn = get_reward_fn(self.config.reward, **self.config.reward_kwargs)
         self.answer: str | None = None
         self.tool_calls: list[ToolCallRecord] = []

@@ -214,6 +214,9 @@ else:
             super().__init__(*args, **kwargs)
             rollout = self.config.actor_rollout_ref.rollout
             env_kwargs = {"max_completion_tokens": int(rollout.response_length), **dict(env_kwargs or {})}
+            template_kwargs = getattr(self, "apply_chat_template_kwargs", None)  # data.apply_chat_template_kwargs
+            if template_kwargs and "chat_template_kwargs" not in env_kwargs:
+                env_kwargs["chat_template_kwargs"] = dict(template_kwargs)
             self.per_turn = env_kwargs.get("sample_mode", "episode") == "turn"
             trainer = self.config.get("trainer") or {}
             if self.per_turn and not trainer.get("use_v1", True):

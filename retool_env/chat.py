@@ -84,10 +84,11 @@ class Conversation:
     """An episode's chat messages and the text the template renders for them."""
 
     def __init__(self, tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                 turn_end: str) -> None:
+                 turn_end: str, chat_template_kwargs: dict[str, Any] | None = None) -> None:
         self.tokenizer = tokenizer
         self.tools = tools
         self.turn_end = turn_end
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})  # e.g. enable_thinking, in every render
         self.messages = list(messages)
         self.text = self.render(self.messages)  # the context of the next generation, as text
         self.reasoning_field: bool | None = None  # see assistant_message
@@ -96,9 +97,24 @@ class Conversation:
         self._marker = f"\x00retool-env-turn-{nonce}\x00"
         self._tool_marker = f"\x00retool-env-tool-{nonce}-{{}}\x00"
 
-    def render(self, messages: list[dict[str, Any]]) -> str:
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         return self.tokenizer.apply_chat_template(messages, tools=self.tools, tokenize=False,
-                                                  add_generation_prompt=True)
+                                                  add_generation_prompt=add_generation_prompt,
+                                                  **self.chat_template_kwargs)
+
+    def call_message(self, model_text: str, tool_message: dict[str, Any] | None, split: bool | None
+                     ) -> dict[str, Any]:
+        """The model's call turn as a message: its text (`assistant_message`), or, for a template that reads calls
+        from `tool_calls`, its reasoning kept as `assistant_message` keeps it and `tool_message`'s content and calls."""
+        if tool_message is None:
+            return self.assistant_message(model_text, split)
+        reasoning_end = model_text.find(_END_THINK)
+        reasoning = model_text[: reasoning_end + len(_END_THINK)] if reasoning_end >= 0 else ""
+        content = tool_message.get("content")
+        message = self.assistant_message(reasoning + (content or ""), split)
+        if content is None and message.get("content") == "":
+            message["content"] = None
+        return {**tool_message, **message, "tool_calls": tool_message["tool_calls"]}
 
     def assistant_message(self, model_text: str, reasoning_field: bool | None = None) -> dict[str, str]:
         """The model's turn as a message. Its text follows the think block the generation prompt opened, if any
@@ -113,31 +129,41 @@ class Conversation:
                     "reasoning_content": reasoning.removeprefix(_THINK).strip("\n")}
         return {"role": "assistant", "content": text}
 
-    def after_tools(self, model_text: str, closing_ids: tuple[int, ...], tool_messages: list[dict[str, Any]]
-                    ) -> NextContext:
+    def after_tools(self, model_text: str, closing_ids: tuple[int, ...], tool_messages: list[dict[str, Any]],
+                    tool_message: dict[str, Any] | None = None, end_text: str | None = None) -> NextContext:
         """Add the model's turn (its text without the end token) and the tool results; return what follows.
 
         One rendering of the real conversation settles the usual case: it starts with the old context, the model's
-        text and the turn's end, so the context stayed append-only. Otherwise the template rewrote history, and what
-        it renders after a turn is found with a placeholder in place of the turn's content.
+        text and the turn's end (`end_text`, the template's turn end by default), so the context stayed
+        append-only. Otherwise the template rewrote history, and what it renders after a turn is found with a
+        placeholder in place of the turn's content (or, for a turn given as `tool_message`, the template's calls,
+        as the difference between the rendering with the results and the one without).
         """
-        head = self.text + model_text + self.turn_end
+        head = self.text + model_text + (self.turn_end if end_text is None else end_text)
         rendered = []
         for split in [self.reasoning_field] if self.reasoning_field is not None else [False, True]:
-            messages = [*self.messages, self.assistant_message(model_text, split), *tool_messages]
+            messages = [*self.messages, self.call_message(model_text, tool_message, split), *tool_messages]
             rendered.append((messages, self.render(messages)))
             if rendered[-1][1].startswith(head):
                 self.reasoning_field = split
                 self.messages, self.text = rendered[-1]
                 # Text after a special token (the turn's end) tokenizes on its own, whatever came before it.
-                return NextContext([*closing_ids, *self.encode_rendered(messages, self.text, len(head), tool_messages)])
-        marked_messages = [*self.messages, self.assistant_message(self._marker), *tool_messages]
-        marked = self.render(marked_messages)
-        end = marked.index(self._marker) + len(self._marker)
-        if not marked.startswith(self.turn_end, end):
-            raise ValueError(f"the chat template does not end an assistant turn with {self.turn_end!r} "
-                             f"(it renders {marked[end:end + 40]!r}); tool results cannot follow the model's turn")
-        appended = self.encode_rendered(marked_messages, marked, end + len(self.turn_end), tool_messages)
+                appended = self.encode_rendered(messages, self.text, len(head), tool_messages)
+                return NextContext([*closing_ids, *appended])
+        if tool_message is None:
+            marked_messages = [*self.messages, self.assistant_message(self._marker), *tool_messages]
+            marked = self.render(marked_messages)
+            end = marked.index(self._marker) + len(self._marker)
+            if not marked.startswith(self.turn_end, end):
+                raise ValueError(f"the chat template does not end an assistant turn with {self.turn_end!r} (it "
+                                 f"renders {marked[end:end + 40]!r}); tool results cannot follow the model's turn")
+            appended = self.encode_rendered(marked_messages, marked, end + len(self.turn_end), tool_messages)
+        else:  # the template's own rendering of the calls replaced the model's: what it renders after the turn
+            marked_messages, marked = rendered[0]
+            before = self.render(marked_messages[: len(marked_messages) - len(tool_messages)], False)
+            end = next((i for i, (a, b) in enumerate(zip(before, marked, strict=False)) if a != b),
+                       min(len(before), len(marked)))
+            appended = self.encode_rendered(marked_messages, marked, end, tool_messages)
         self.messages, self.text = rendered[0]
         every_tool_message = [m for m in self.messages if m.get("role") == "tool"]
         return NextContext([*closing_ids, *appended],

@@ -27,8 +27,10 @@ class EnvConfig:
     `Sandbox`, a reward callable. The dataclass is a mapping of its fields, so `**config` unpacks it.
     """
 
-    tool_format: str = field(default="hermes", metadata={
-        "help": "hermes (<tool_call> JSON, results as tool turns of the chat template) or retool (the paper's "
+    tool_format: str = field(default="auto", metadata={
+        "help": "auto (the tool-call dialect the chat template writes, logged; retool without a chat template), "
+                "hermes (<tool_call> JSON), a dialect of retool_env.dialects (qwen3_coder, openai, llama3_json, "
+                "glm45, deepseek_v3, ...; results as tool turns of the chat template) or retool (the paper's "
                 "<code>, results inline as <interpreter>)."})
     prompt: str | None = field(default=None, metadata={
         "help": "Prompt template (retool, dapo, slime, plain); default: the tool format's own."})
@@ -63,6 +65,10 @@ class EnvConfig:
         "help": "Chat template that renders the episode: a name (qwen3, qwen3_training, deepseek_r1_distill...: "
                 "retool_env/chat_templates, then TRL's), a .jinja file, or the template text; default: the "
                 "tokenizer's own."})
+    chat_template_kwargs: dict | str | None = field(default=None, metadata={
+        "help": "Options of the chat template passed to every render, e.g. {enable_thinking: false}: a mapping in "
+                "YAML, JSON on the command line (TRL's GRPOConfig.chat_template_kwargs, verl's "
+                "apply_chat_template_kwargs)."})
     sample_mode: str = field(default="episode", metadata={
         "help": "episode: one training sample per episode (a template that rewrites history is counted in "
                 "trajectory.rewritten_turns and warned about); turn: a new sample whenever the template rewrites "
@@ -72,6 +78,9 @@ class EnvConfig:
         if isinstance(self.reward_kwargs, str):  # from the command line
             self.reward_kwargs = json.loads(self.reward_kwargs)
         self.reward_kwargs = dict(self.reward_kwargs or {})
+        if isinstance(self.chat_template_kwargs, str):
+            self.chat_template_kwargs = json.loads(self.chat_template_kwargs)
+        self.chat_template_kwargs = dict(self.chat_template_kwargs or {})
 
     @classmethod
     def from_settings(cls, settings: Any, **overrides: Any) -> EnvConfig:

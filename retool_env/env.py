@@ -17,7 +17,7 @@ from gymnasium import spaces
 from retool_env.chat import SAMPLE_MODES, Conversation, with_chat_template
 from retool_env.config import EnvConfig
 from retool_env.data import Problem
-from retool_env.formats import ParsedAction, ToolCall, make_format
+from retool_env.formats import ParsedAction, ToolCall, make_format, prompt_messages
 from retool_env.grading import Grade, agrade
 from retool_env.prompts import get_prompt, render_prompt
 from retool_env.reasoning import END_THINK, THINK
@@ -213,7 +213,8 @@ class ToolEnvironment(gym.Env):
         self.tokenizer = with_chat_template(load_tokenizer(tokenizer), config.chat_template)
         self.problems = load_dataset_problems(dataset, split=split)
         self.config = config
-        self.format = make_format(config.tool_format, self.tokenizer)
+        self.chat_template_kwargs = dict(config.chat_template_kwargs or {})
+        self.format = make_format(config.tool_format, self.tokenizer, self.chat_template_kwargs)
         self.prompt = get_prompt(config.prompt or self.format.default_prompt)
         self.sandbox = shared_sandbox(config.sandbox) if isinstance(config.sandbox, str) else config.sandbox
         self.reward_fn = get_reward_fn(config.reward, **config.reward_kwargs)
@@ -252,10 +253,16 @@ class ToolEnvironment(gym.Env):
             self.problem = self.problems[int(options["index"])]
         else:
             self.problem = self.problems[int(self.np_random.integers(len(self.problems)))]
-        prompt_ids = render_prompt(self.tokenizer, self.prompt, self.problem.question, self.format.tools)
+        messages = prompt_messages(self.prompt, self.problem.question, self.format.system_prompt)
+        if self.format.system_prompt is None and not self.chat_template_kwargs:
+            prompt_ids = render_prompt(self.tokenizer, self.prompt, self.problem.question, self.format.tools)
+        else:  # the tools shown in the system message, or template options: rendered as the conversation is
+            prompt_ids = list(self.tokenizer.apply_chat_template(
+                messages, tools=self.format.tools or None, add_generation_prompt=True, tokenize=True,
+                return_dict=False, **self.chat_template_kwargs))
         if self.format.tool_turns:  # tool results are turns the chat template renders, after the model's
-            self._conversation = Conversation(self.tokenizer, self.prompt.messages(self.problem.question),
-                                              self.format.tools, self.format.turn_end)
+            self._conversation = Conversation(self.tokenizer, messages, self.format.tools, self.format.turn_end,
+                                              self.chat_template_kwargs)
         if self.max_model_len is not None and len(prompt_ids) >= self.max_model_len:
             raise ValueError(f"the prompt of problem {self.problem.id!r} has {len(prompt_ids)} tokens, not fewer than "
                              f"max_model_len={self.max_model_len}; raise max_model_len or shorten the prompt")
@@ -398,7 +405,8 @@ class ToolEnvironment(gym.Env):
         in the `turn` sample mode (else None)."""
         if self._conversation is None:  # results inline in the model's turn: the template never re-renders it
             return [*parsed.closing_ids, *self.format.observation_ids(outputs)], None
-        after = self._conversation.after_tools(parsed.text, parsed.closing_ids, self.format.tool_messages(outputs))
+        after = self._conversation.after_tools(parsed.text, parsed.closing_ids, self.format.tool_messages(outputs),
+                                               parsed.tool_message, parsed.end_text)
         if after.rewritten is None or self.sample_mode == "turn":
             return after.appended, after.rewritten
         if not self.trajectory.rewritten_turns:

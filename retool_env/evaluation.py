@@ -39,7 +39,7 @@ from typing import Any
 from retool_env.chat import with_chat_template
 from retool_env.data import LEVELS
 from retool_env.env import make_env_factory
-from retool_env.formats import ToolFormat, format_class
+from retool_env.formats import ToolFormat, format_class, resolve_tool_format
 from retool_env.grading import is_equivalent, normalize_answer
 from retool_env.rollout import SamplingParams, run_episodes
 from retool_env.trajectory import NOT_RUN, ToolCallRecord, ToolStats, ToolStatus, Trajectory
@@ -430,9 +430,12 @@ NO_TOOL_PROMPT = "plain"  # the problem and "Put your final answer in \boxed{}."
 def without_tools(tool_format: str | ToolFormat, tokenizer: Any) -> ToolFormat:
     """The arm's tool format with its tools taken away: the prompt advertises none, the parser stays the same, so a
     call the model writes anyway is recorded (and, with `max_tool_calls=0`, ends the episode unrun)."""
-    base = type(tool_format) if isinstance(tool_format, ToolFormat) else format_class(tool_format)
+    base = (type(tool_format) if isinstance(tool_format, ToolFormat)
+            else format_class(resolve_tool_format(tool_format, tokenizer)))
 
     class NoTools(base):  # type: ignore[misc, valid-type]
+        system_prompt = None  # nor in the system message
+
         @property
         def tools(self) -> None:
             return None

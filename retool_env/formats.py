@@ -21,18 +21,32 @@ call becomes a `ToolCall` whose `error` tells the model what was wrong. Observat
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from retool_env.chat import Conversation
+from retool_env.dialects import (
+    DIALECTS,
+    Dialect,
+    FunctionCall,
+    detect_dialect,
+    get_dialect,
+    renders_tools,
+    tool_call_shape,
+    tool_system_prompt,
+)
 from retool_env.reasoning import split_reasoning
 from retool_env.tokens import clip_tokens as clip_tokens  # also importable from here
 from retool_env.tokens import decode as decode
 from retool_env.tokens import encode as encode
 from retool_env.tokens import encode_text, has_added_token_text
+
+logger = logging.getLogger(__name__)
 
 TOOL_NAME = "code_interpreter"
 CODE_INTERPRETER_TOOL: dict[str, Any] = {
@@ -96,6 +110,8 @@ class ParsedAction:
     in_call: bool = False
     text: str = ""  # the model's text of the turn, its end token excluded
     content: str = ""  # the text after the turn's reasoning block
+    end_text: str | None = None  # the text of the end token (and closing tokens) after `text`; None: the turn end
+    tool_message: dict[str, Any] | None = None  # the call turn as the template reads it (None: `text` as content)
 
     @property
     def is_final(self) -> bool:
@@ -118,6 +134,7 @@ class ToolFormat(ABC):
     tool_turns: bool  # results are chat turns the template renders (`tool_messages`), else inline in the model's turn
     calls_in_reasoning: bool = False  # calls are read inside a think block too (else only from the content after it)
     turn_end_id: int | None = None  # the template's end-of-turn token, inserted when a call turn ends otherwise
+    system_prompt: str | None = None  # tool schemas and call format, for a template that does not render `tools`
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
@@ -283,14 +300,16 @@ class HermesFormat(ToolFormat):
     """Qwen-style `<tool_call>` JSON calls; results as `tool` turns rendered by the tokenizer's chat template."""
 
     name = "hermes"
+    dialect: Dialect = get_dialect("hermes")
     default_prompt = "slime"
     call_glue = "\n"
     call_ends_turn = True
     tool_turns = True
     _DUMMY = "<<retool-env-dummy>>"
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__(tokenizer)
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("the hermes format renders tool results with the tokenizer's chat template, "
                              "and this tokenizer has none; set tokenizer.chat_template or use tool_format='retool'")
@@ -304,10 +323,14 @@ class HermesFormat(ToolFormat):
             raise ValueError(f"cannot find the end-of-turn token after an assistant message in the chat template "
                              f"(it renders {after_content[:40]!r})")
         self.turn_end_id = self.encode(self.turn_end)[0]
+        self.shape = tool_call_shape(tokenizer.chat_template, "hermes")  # how the template reads `tool_calls`
+        if not renders_tools(tokenizer.chat_template):  # e.g. DeepSeek-R1-Distill: the prompt must show the tool
+            self.system_prompt = tool_system_prompt("hermes", [CODE_INTERPRETER_TOOL])
 
     def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(messages, tools=[CODE_INTERPRETER_TOOL], tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt)
+                                                  add_generation_prompt=add_generation_prompt,
+                                                  **self.chat_template_kwargs)
 
     @property
     def tools(self) -> list[dict[str, Any]]:
@@ -343,7 +366,8 @@ class HermesFormat(ToolFormat):
     def observation_ids(self, outputs: list[str]) -> list[int]:
         """The tool turns as the chat template renders them after a one-turn conversation. The environment renders
         its episode's real conversation instead (`retool_env.chat.Conversation`), which also sees rewrites."""
-        conversation = Conversation(self.tokenizer, self._head[:1], self.tools, self.turn_end)
+        conversation = Conversation(self.tokenizer, self._head[:1], self.tools, self.turn_end,
+                                    self.chat_template_kwargs)
         return conversation.after_tools(self._DUMMY, (), self.tool_messages(outputs)).appended
 
 
@@ -399,18 +423,196 @@ class ReToolFormat(ToolFormat):
         return f"<answer>\n{answer}\n</answer>"
 
 
+class DialectFormat(ToolFormat):
+    """Tool calls in one of `retool_env.dialects` (qwen3_coder XML, gpt-oss harmony, Llama 3 JSON, GLM-4.5, ...),
+    results as `tool` turns rendered by the tokenizer's chat template.
+
+    The template renders everything around the model's tokens: the call turn is given back to it as an assistant
+    message with `tool_calls` (shaped as `tool_call_shape` finds the template reads them, or the model's text as
+    content where the template drops `tool_calls`), and the tool turn is the difference of two renderings
+    (`retool_env.chat.Conversation`), whatever role (`tool`, `ipython`) and grouping the template uses. A template
+    that does not render `tools` gets them in the system prompt (`system_prompt`, from `tool_system_prompt`)."""
+
+    default_prompt = "slime"
+    call_glue = "\n"
+    call_ends_turn = True
+    tool_turns = True
+    dialect: Dialect
+
+    def __init__(self, tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None) -> None:
+        template = getattr(tokenizer, "chat_template", None)
+        if not isinstance(template, str) or not template:
+            raise ValueError(f"the {self.name} format renders tool results with the tokenizer's chat template, and "
+                             "this tokenizer has none; set tokenizer.chat_template or use tool_format='retool'")
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.tokenizer = tokenizer
+        added = set(tokenizer.get_added_vocab())
+        names = [*self.dialect.end_tokens, *self.dialect.stop_strings, "<|im_end|>", "<|endoftext|>"]
+        ends = [tokenizer.eos_token_id, *(tokenizer.convert_tokens_to_ids(t) for t in names if t in added)]
+        self.end_token_ids = list(dict.fromkeys(i for i in ends if isinstance(i, int)
+                                                and i != tokenizer.unk_token_id))
+        if not self.end_token_ids:
+            raise ValueError("the tokenizer has no end-of-turn token (eos_token or the dialect's end tokens)")
+        # Stop strings that are not one token of this vocabulary stop generation as text.
+        self._stop_strings = [s for s in self.dialect.stop_strings if s not in added]
+        self.shape = tool_call_shape(template, self.dialect.name)
+        self.system_prompt = (None if renders_tools(template) else
+                              tool_system_prompt(self.dialect, [CODE_INTERPRETER_TOOL]))
+        # A user turn after it, for templates whose next header ends the assistant's turn (GLM's <|user|>).
+        head = [{"role": "user", "content": "u"}, {"role": "assistant", "content": HermesFormat._DUMMY},
+                {"role": "user", "content": "v"}]
+        head_text = self._render(head, add_generation_prompt=False)
+        after_content = head_text[head_text.index(HermesFormat._DUMMY) + len(HermesFormat._DUMMY):].lstrip("\n")
+        special = sorted(set(tokenizer.all_special_tokens) | added, key=len, reverse=True)
+        self.turn_end = next((t for t in special if after_content.startswith(t)), None)
+        if self.turn_end is None:
+            raise ValueError(f"cannot find the end-of-turn token after an assistant message in the chat template "
+                             f"(it renders {after_content[:40]!r})")
+        self.turn_end_id = self.encode(self.turn_end)[0]
+        if self.turn_end_id not in self.end_token_ids:
+            self.end_token_ids.append(self.turn_end_id)
+        self._call_ends = {self.turn_end_id, *(tokenizer.convert_tokens_to_ids(t) for t in self.dialect.stop_strings
+                                               if t in added)}
+
+    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(messages, tools=[CODE_INTERPRETER_TOOL], tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt,
+                                                  **self.chat_template_kwargs)
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        return [CODE_INTERPRETER_TOOL]
+
+    @property
+    def stop_strings(self) -> list[str]:
+        return list(self._stop_strings)
+
+    def parse(self, action_ids: list[int], reasoning_open: bool = False) -> ParsedAction:
+        """As `ToolFormat.parse`; a call turn the model ended with an end token the template does not put after
+        calls (e.g. `<|endoftext|>`) gets the template's turn end appended."""
+        ended = bool(action_ids) and action_ids[-1] in self.end_token_ids
+        body = action_ids[:-1] if ended else action_ids
+        text = decode(self.tokenizer, body)
+        content = split_reasoning(text, reasoning_open)[1]
+        parsed = self._parse_text(content, ended)
+        if ended and parsed.tool_calls and action_ids[-1] not in self._call_ends and not parsed.closing_ids:
+            parsed = dataclasses.replace(parsed, closing_ids=(self.turn_end_id,))
+        end_text = decode(self.tokenizer, [*action_ids[-1:], *parsed.closing_ids] if ended else
+                          list(parsed.closing_ids))
+        return dataclasses.replace(parsed, text=text, content=content, end_text=end_text)
+
+    def _parse_text(self, text: str, ended: bool) -> ParsedAction:
+        turn = self.dialect.parse(text, [CODE_INTERPRETER_TOOL])
+        calls, function_calls = [], []
+        for call in turn.calls:
+            code = call.arguments.get("code") if call.ok and call.arguments else None
+            if not isinstance(code, str):
+                calls.append(ToolCall(None, call.error or f"{TOOL_NAME} needs the parameter 'code'"))
+                continue
+            code = strip_code_fences(code)
+            calls.append(ToolCall(code) if code.strip() else ToolCall(None, "the code is empty."))
+            function_calls.append(FunctionCall(call.name or TOOL_NAME, call.arguments))
+        if turn.unfinished:
+            if not ended:  # cut off inside a call: the turn is unfinished, and no answer
+                return ParsedAction(tuple(calls), complete=False, in_call=True)
+            calls.append(ToolCall(None, self.dialect.fault("a tool call was opened but never closed",
+                                                           [CODE_INTERPRETER_TOOL])))
+        # The message the template renders for this turn: its calls as `tool_calls` when every call was read
+        message = None
+        if self.shape is not None and calls and len(function_calls) == len(calls):
+            message = self.dialect.tool_call_message(turn.content if self.shape.content is not None
+                                                     else None, function_calls,
+                                                     arguments_as_string=self.shape.arguments_as_string)
+        if ended:
+            return ParsedAction(tuple(calls), tool_message=message)
+        if calls:  # stopped at a stop string after the calls: close the turn as the template does
+            stop = next((s for s in self.dialect.stop_strings), None)
+            closing = tuple(self.encode(stop)) if stop else (self.turn_end_id,)
+            return ParsedAction(tuple(calls), closing_ids=closing, tool_message=message)
+        return ParsedAction((), complete=False)
+
+    @classmethod
+    def call_text(cls, code: str) -> str:  # type: ignore[override]
+        return cls.dialect.call_text([FunctionCall(TOOL_NAME, {"code": code})])
+
+    @staticmethod
+    def tool_messages(outputs: list[str]) -> list[dict[str, Any]]:
+        return [{"role": "tool", "name": TOOL_NAME, "tool_call_id": f"call_{i}", "content": output}
+                for i, output in enumerate(outputs)]
+
+    def observation_ids(self, outputs: list[str]) -> list[int]:
+        """The tool turns as the template renders them after a one-call turn (the environment renders its real
+        conversation instead, `retool_env.chat.Conversation`)."""
+        conversation = Conversation(self.tokenizer, [{"role": "user", "content": "u"}], self.tools, self.turn_end,
+                                    self.chat_template_kwargs)
+        text = self.call_text("print(6 * 7)")
+        parsed = self._parse_text(text, True)
+        return conversation.after_tools(text, (), self.tool_messages(outputs), parsed.tool_message).appended
+
+
+def prompt_messages(prompt: Any, problem: str, system_prompt: str | None) -> list[dict[str, Any]]:
+    """The prompt's chat messages, with `system_prompt` (the tools, for a template that does not render them)
+    joined to the system message."""
+    messages = prompt.messages(problem)
+    if system_prompt is None:
+        return messages
+    if messages and messages[0]["role"] == "system":
+        return [{**messages[0], "content": messages[0]["content"] + "\n\n" + system_prompt}, *messages[1:]]
+    return [{"role": "system", "content": system_prompt}, *messages]
+
+
+@functools.cache
+def dialect_format_class(dialect: str) -> type[DialectFormat]:
+    """The ToolFormat class of a tool-call dialect (`retool_env.dialects`), named as the dialect."""
+    found = get_dialect(dialect)
+    return type(f"{type(found).__name__}Format", (DialectFormat,), {"name": found.name, "dialect": found})
+
+
 FORMATS: dict[str, type[ToolFormat]] = {"hermes": HermesFormat, "retool": ReToolFormat}
 
 
 def format_class(tool_format: str) -> type[ToolFormat]:
-    """The ToolFormat class of a name, for writing text in the format without a tokenizer."""
-    if tool_format not in FORMATS:
-        raise ValueError(f"unknown tool_format {tool_format!r}; choose one of {sorted(FORMATS)}")
-    return FORMATS[tool_format]
+    """The ToolFormat class of a name (hermes, retool, or a dialect of `retool_env.dialects`), for writing text in
+    the format without a tokenizer."""
+    if tool_format in FORMATS:
+        return FORMATS[tool_format]
+    try:
+        return dialect_format_class(tool_format)
+    except ValueError:
+        raise ValueError(f"unknown tool_format {tool_format!r}; choose one of auto, "
+                         f"{', '.join(sorted({*FORMATS, *DIALECTS}))}") from None
 
 
-def make_format(tool_format: str | ToolFormat, tokenizer: Any) -> ToolFormat:
+def resolve_tool_format(tool_format: str, tokenizer: Any) -> str:
+    """The format `tool_format="auto"` means for this tokenizer: the dialect its chat template writes tool calls
+    in (hermes when that is the `<tool_call>` JSON form, or when the template shows no tool-call syntax), and the
+    paper's `retool` when the tokenizer has no chat template. Logged once per choice."""
+    if tool_format != "auto":
+        return tool_format
+    template = getattr(tokenizer, "chat_template", None)
+    if not isinstance(template, str) or not template:
+        chosen, why = "retool", "the tokenizer has no chat template"
+    else:
+        try:
+            chosen, why = detect_dialect(template), "the chat template writes tool calls in it"
+        except ValueError:
+            chosen, why = "hermes", "the chat template writes no tool-call syntax known here"
+    _log_choice(chosen, why)
+    return chosen
+
+
+@functools.cache
+def _log_choice(chosen: str, why: str) -> None:
+    logger.info("tool_format='auto' chose %r: %s", chosen, why)
+
+
+def make_format(tool_format: str | ToolFormat, tokenizer: Any,
+                chat_template_kwargs: dict[str, Any] | None = None) -> ToolFormat:
+    """The format of a name (`auto`: picked from the chat template, see `resolve_tool_format`) for `tokenizer`."""
     if isinstance(tool_format, ToolFormat):
         return tool_format
-    return format_class(tool_format)(tokenizer)
+    cls = format_class(resolve_tool_format(tool_format, tokenizer))
+    if issubclass(cls, (HermesFormat, DialectFormat)):
+        return cls(tokenizer, chat_template_kwargs)
+    return cls(tokenizer)
 

@@ -64,7 +64,7 @@ def full_rendering(env: ToolEnvironment, turns: list[str]) -> list[int]:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_turn_contexts_are_the_templates_rendering(name):
-    env = ToolEnvironment(family_tokenizer(name), [PROBLEM], sample_mode="turn")
+    env = ToolEnvironment(family_tokenizer(name), [PROBLEM], tool_format="hermes", sample_mode="turn")
     turns = turns_for(env)
     play(env, turns)
     assert env.trajectory.reward == 1.0 and env.trajectory.num_tool_calls == 2
@@ -75,7 +75,7 @@ def test_turn_contexts_are_the_templates_rendering(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_an_append_only_episode_is_the_full_rendering(name):
-    env = ToolEnvironment(family_tokenizer(name), [PROBLEM], sample_mode="turn")
+    env = ToolEnvironment(family_tokenizer(name), [PROBLEM], tool_format="hermes", sample_mode="turn")
     turns = turns_for(env)
     play(env, turns)
     if len(env.trajectory.samples) > 1:
@@ -84,7 +84,7 @@ def test_an_append_only_episode_is_the_full_rendering(name):
     episode = traj.prompt_ids + traj.completion_ids
     full = full_rendering(env, turns)
     assert full[: len(episode)] == episode and not env.tokenizer.decode(full[len(episode):]).strip()
-    same = ToolEnvironment(family_tokenizer(name), [PROBLEM])  # the episode mode agrees
+    same = ToolEnvironment(family_tokenizer(name), [PROBLEM], tool_format="hermes")  # the episode mode agrees
     play(same, turns)
     assert same.trajectory.prompt_ids + same.trajectory.completion_ids == episode
     assert same.trajectory.rewritten_turns == 0
@@ -93,7 +93,7 @@ def test_an_append_only_episode_is_the_full_rendering(name):
 @pytest.mark.parametrize("name", [n for n in ("qwen3", "qwen3_training") if n in NAMES])
 def test_qwen3_drops_an_empty_think_block_and_its_training_version_keeps_it(name):
     """The case that made Qwen3 unusable before: a turn with an empty think block, then more turns."""
-    env = ToolEnvironment(family_tokenizer(name), [PROBLEM], sample_mode="turn")
+    env = ToolEnvironment(family_tokenizer(name), [PROBLEM], tool_format="hermes", sample_mode="turn")
     turns = turns_for(env)
     turns[0] = "<think>\n\n</think>\n\n" + call("print(6 * 7)")
     play(env, turns)
@@ -139,7 +139,7 @@ def test_tool_output_never_becomes_a_special_token(name, mode):
     """Code that prints the template's own markup gets it back as characters: the observation (and, where the
     template rewrites history, the whole next context) holds exactly the special tokens of a benign result."""
     def next_context(printed: str) -> tuple[list[int], str]:
-        env = ToolEnvironment(family_tokenizer(name), [PROBLEM], sample_mode=mode)
+        env = ToolEnvironment(family_tokenizer(name), [PROBLEM], tool_format="hermes", sample_mode=mode)
         code = f"import base64; print(base64.b64decode({base64.b64encode(printed.encode())!r}).decode(), end='')"
         turn = turns_for(env)[0].replace(call("print(6 * 7)"), call(code))  # the model's text spells no markup
         obs, *_, info = env.step([*encode(env.tokenizer, turn), env.format.turn_end_id])

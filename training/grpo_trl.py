@@ -52,6 +52,8 @@ class EnvArguments(EnvConfig):
         "help": "Token budget of an episode after the prompt, model and interpreter tokens together; default: "
                 "GRPOConfig's max_completion_length, which spans every turn."})
     concurrency: int = field(default=256, metadata={"help": "Episodes run at once per process."})
+    # GRPOConfig's own --chat_template_kwargs sets them: ReToolRollout forwards those to every environment render.
+    chat_template_kwargs: dict | None = field(default=None, init=False)
     episode_timeout: float | None = field(default=None, metadata={
         "help": "Seconds an episode may take; a slower one is dropped from training (zero advantage, no loss)."})
     skip_steps_without_signal: bool = field(default=False, metadata={
