@@ -230,8 +230,10 @@ def _escape_raw_control_chars(text: str) -> str:
 MAX_CALLS_PER_TURN = 32
 """Tool calls read from one turn; more are answered with one error (far above `max_tool_calls`' usual values)."""
 
-_CALL_FORMAT = (f"Write {{\"name\": \"{TOOL_NAME}\", \"arguments\": {{\"code\": \"...\"}}}} between <tool_call> and "
-                "</tool_call>.")
+# The environment's own messages name no added token (`<tool_call>` is one in Qwen's vocabulary): observation text is
+# encoded with added tokens split, while frameworks that re-tokenize observation text (SkyRL, GEM, OpenRLHF) parse
+# them, so a tag here would give two token sequences for one message.
+_CALL_FORMAT = f"Write {{\"name\": \"{TOOL_NAME}\", \"arguments\": {{\"code\": \"...\"}}}} as the tool call's JSON."
 
 
 def _loads(text: str) -> Any:
@@ -345,7 +347,7 @@ class HermesFormat(ToolFormat):
         if unclosed:
             if not ended:  # cut off inside a call: the turn is unfinished, and no answer
                 return ParsedAction(tuple(calls), complete=False, in_call=True)
-            calls.append(ToolCall(None, "a <tool_call> block was opened but never closed with </tool_call>."))
+            calls.append(ToolCall(None, "a tool call was opened but never closed."))
         if ended:
             return ParsedAction(tuple(calls))
         if calls and text.rstrip().endswith("</tool_call>"):  # stopped at </tool_call>: close the turn for it
