@@ -29,7 +29,6 @@ import dataclasses
 import itertools
 import math
 import os
-import random
 import types
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -39,10 +38,12 @@ from retool_adapters.chat_templates import training_env_kwargs
 from retool_env.config import EnvConfig
 from retool_env.data import Problem
 from retool_env.env import EMPTY_OUTPUT, format_error, load_tokenizer, parse_error_format, shared_sandbox
+from retool_env.filters import TrainingPlan, TrajectoryFilters, has_void_turn, roc_penalty, roc_select  # noqa: F401
+from retool_env.filters import group_indices as filters_group_indices
 from retool_env.formats import CODE_INTERPRETER_TOOL, clip_tokens, resolve_tool_format, strip_code_fences
 from retool_env.grading import Grade, grade
 from retool_env.records import RecordWriter, episode_record
-from retool_env.rewards import EpisodeStats, get_reward_fn, sign_safe_rewards
+from retool_env.rewards import EpisodeStats, get_reward_fn
 from retool_env.rollout import Generator, SamplingParams, derive_seed, run_episodes
 from retool_env.sandbox import Sandbox
 from retool_env.trajectory import NOT_RUN, ToolCallRecord, ToolStats, ToolStatus, Trajectory
@@ -175,8 +176,7 @@ class ReToolRollout:
     ) -> None:
         if not problems:
             raise ValueError("ReToolRollout needs the problems its prompts come from")
-        if roc_down_sample is not None and roc_down_sample < 2:
-            raise ValueError(f"roc_down_sample keeps n >= 2 episodes per group (of 2n generated), not {roc_down_sample}")
+        TrajectoryFilters(mask_void_turns, accuracy_filter, roc_down_sample, sign_safe_shaping)  # checks them
         if "dataset" in env_kwargs:
             raise ValueError("pass the problems as ReToolRollout's first argument, not as `dataset`")
         if env_kwargs.get("sample_mode", "episode") != "episode":
@@ -192,8 +192,6 @@ class ReToolRollout:
         self.generator = generator
         self.seeded = seeded
         self.mask_void_turns = mask_void_turns
-        if accuracy_filter is not None and not 0.0 <= accuracy_filter[0] <= accuracy_filter[1] <= 1.0:
-            raise ValueError(f"accuracy_filter must be (low, high) with 0 <= low <= high <= 1, not {accuracy_filter}")
         self.accuracy_filter = accuracy_filter
         self.roc_down_sample = roc_down_sample
         self.sign_safe_shaping = sign_safe_shaping
@@ -203,6 +201,12 @@ class ReToolRollout:
         self.env_kwargs = env_kwargs
         self._server_client: Any = None  # a VLLMClient for ranks other than the main one (server mode)
         self._prompt_env: Any = None  # see _spare_env
+
+    @property
+    def filters(self) -> TrajectoryFilters:
+        """The trajectory filter options, as `retool_env.filters` applies them."""
+        return TrajectoryFilters(self.mask_void_turns, self.accuracy_filter, self.roc_down_sample,
+                                 self.sign_safe_shaping)
 
     # ------------------------------------------------------------------------------------------------ the call
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
@@ -245,38 +249,8 @@ class ReToolRollout:
     def training_plan(self, trajectories: Sequence[Trajectory], problems: Sequence[Problem], *,
                       roc_seed: int = 0) -> TrainingPlan:
         """What reaches GRPO of each episode: the filters that take it out of the loss, and its reward (None:
-        unscored, left out of its group's statistics)."""
-        filters: list[list[str]] = [[] for _ in trajectories]
-        rewards = [None if t.aborted or not t.completion_ids or t.reward is None else float(t.reward)
-                   for t in trajectories]
-        outside = self.groups_outside_accuracy(trajectories, problems)
-        for i, (traj, problem) in enumerate(zip(trajectories, problems, strict=True)):
-            if rewards[i] is not None and self.mask_void_turns and has_void_turn(traj):
-                filters[i].append("void_turn")
-            if rewards[i] is not None and id(problem) in outside:
-                filters[i].append("accuracy")
-        groups = group_indices(problems)
-        if self.roc_down_sample is not None:
-            rng = random.Random(roc_seed)
-            for group in groups.values():
-                scored = [i for i in group if rewards[i] is not None]
-                if len({rewards[i] for i in scored}) == 1:  # equal rewards: no signal, rejected
-                    for i in scored:
-                        filters[i].append("roc_equal_reward")
-                    continue
-                kept = roc_select([rewards[i] for i in scored], [bool(trajectories[i].correct) for i in scored],
-                                  [roc_penalty(trajectories[i]) for i in scored], self.roc_down_sample, rng)
-                for position, i in enumerate(scored):
-                    if position not in kept:
-                        filters[i].append("roc")
-                        rewards[i] = None
-        if self.sign_safe_shaping:
-            for group in groups.values():
-                clipped = sign_safe_rewards([rewards[i] for i in group],
-                                            [trajectories[i].correct for i in group])
-                for i, reward in zip(group, clipped, strict=True):
-                    rewards[i] = reward
-        return TrainingPlan(filters=filters, rewards=rewards)
+        unscored, left out of its group's statistics); `retool_env.filters.TrajectoryFilters.plan`."""
+        return self.filters.plan(trajectories, [id(p) for p in problems], roc_seed=roc_seed)
 
     def write_records(self, trainer: Any, trajectories: Sequence[Trajectory], problems: Sequence[Problem],
                       out: dict[str, list], plan: TrainingPlan, make_env: Callable[[], Any],
@@ -302,14 +276,7 @@ class ReToolRollout:
 
     def groups_outside_accuracy(self, trajectories: Sequence[Trajectory], problems: Sequence[Problem]) -> set[int]:
         """The problems (by `id()`) whose groups `accuracy_filter` takes out of the loss."""
-        if self.accuracy_filter is None:
-            return set()
-        low, high = self.accuracy_filter
-        verdicts: dict[int, list[bool]] = {}
-        for traj, problem in zip(trajectories, problems, strict=True):
-            if not traj.aborted and traj.completion_ids:
-                verdicts.setdefault(id(problem), []).append(bool(traj.correct))
-        return {key for key, group in verdicts.items() if not low <= sum(group) / len(group) <= high}
+        return self.filters.groups_outside_accuracy(trajectories, [id(p) for p in problems])
 
     def _rollout_seed(self, trainer: Any) -> int:
         """This call's base seed, from GRPOConfig's `seed`, the process, the step and how many rollouts this step has
@@ -522,61 +489,10 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
 
 
 # ------------------------------------------------------------------------------------------------------- metrics
-def has_void_turn(traj: Trajectory) -> bool:
-    """Whether an episode has a void turn, as SimpleTIR defines it: neither a complete code block nor a final answer.
-    A turn without a tool call ends the episode, so only the last turn can be one: cut off mid-turn by a token budget,
-    or ended without an answer the grader could extract. (A malformed tool call is answered with an error and counts
-    as a tool turn here.)"""
-    if traj.finish_reason in ("length", "max_completion_tokens"):
-        return True
-    return traj.finish_reason == "answer" and traj.pred is None
-
-
+# roc_penalty, roc_select and TrainingPlan live in retool_env.filters and stay importable from here.
 def group_indices(problems: Sequence[Problem]) -> dict[int, list[int]]:
     """The batch's GRPO groups: the positions of each problem (by `id()`), in order of first appearance."""
-    groups: dict[int, list[int]] = {}
-    for i, problem in enumerate(problems):
-        groups.setdefault(id(problem), []).append(i)
-    return groups
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainingPlan:
-    """Per episode: the filters that take it out of the loss (`void_turn`, `accuracy`, `roc`, `roc_equal_reward`;
-    empty: trained on) and the reward it reaches GRPO with (None: unscored)."""
-
-    filters: list[list[str]]
-    rewards: list[float | None]
-
-
-def roc_penalty(traj: Trajectory) -> float:
-    """rStar2's RoC penalty of an episode, lower is cleaner: the share of its tool calls that did not run cleanly
-    (0.5 with no call, as rStar2) plus 1 for an answer format issue (here: no answer the grader could extract, the
-    reading of rStar2's `<answer>` tag check for this project's extraction)."""
-    statuses = [call.status for call in traj.tool_calls if call.status != ToolStatus.SKIPPED]
-    error_ratio = sum(status != ToolStatus.OK for status in statuses) / len(statuses) if statuses else 0.5
-    return error_ratio + (1.0 if traj.pred is None else 0.0)
-
-
-def roc_select(rewards: Sequence[float], correct: Sequence[bool], penalties: Sequence[float], keep: int,
-               rng: random.Random) -> set[int]:
-    """The positions GRPO-RoC keeps of one group's scored episodes: `keep` of them, positives and negatives in their
-    group's proportions (at least min(2, keep // 2) of each where the group has them, as rStar2's defaults),
-    positives in order of the fewest tool errors and format issues (`roc_penalty`, ties by position), negatives
-    drawn uniformly (the paper's "diverse" failures; rStar2's code sorts them by the same penalty). A group of
-    `keep` or fewer is kept whole. `rewards` are not read beyond their count: they decide nothing here (equal-reward
-    groups are rejected before)."""
-    total = len(rewards)
-    if total <= keep:
-        return set(range(total))
-    positives = sorted((i for i in range(total) if correct[i]), key=lambda i: penalties[i])
-    negatives = [i for i in range(total) if not correct[i]]
-    least = min(2, keep // 2)
-    n_pos = round(len(positives) * keep / total)
-    n_pos = max(n_pos, min(least, len(positives)))
-    n_pos = min(n_pos, keep - min(least, len(negatives)))
-    n_pos = max(min(n_pos, len(positives), keep), keep - len(negatives))  # then both counts fit their pools
-    return set(positives[:n_pos]) | set(rng.sample(negatives, keep - n_pos))
+    return filters_group_indices([id(problem) for problem in problems])
 
 
 def env_episode_stats(traj: Trajectory) -> EpisodeStats:
