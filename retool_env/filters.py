@@ -121,6 +121,10 @@ class TrajectoryFilters:
             raise ValueError(f"roc_down_sample keeps n >= 2 episodes per group (of 2n generated), not "
                              f"{self.roc_down_sample}")
 
+    def is_outside_accuracy(self, correct: Sequence[bool]) -> bool:
+        """Whether one group of verdicts (its scored episodes') is outside `accuracy_filter` (False when off)."""
+        return self.accuracy_filter is not None and outside_accuracy(correct, self.accuracy_filter)
+
     def groups_outside_accuracy(self, trajectories: Sequence[Trajectory], keys: Sequence[Hashable]) -> set[Hashable]:
         """The group keys whose groups `accuracy_filter` takes out of the loss (accuracy over scored episodes)."""
         if self.accuracy_filter is None:
