@@ -64,9 +64,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
-import socket
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -78,7 +76,7 @@ from retool_env.data import Problem, strip_dapo_template
 from retool_env.env import ToolEnvironment
 from retool_env.filters import TrajectoryFilters, has_void_turn, roc_penalty, roc_select
 from retool_env.grading import strict_box_correct
-from retool_env.records import RecordWriter, episode_record
+from retool_env.records import episode_record, process_record_writer
 from retool_env.rollout import EpisodeAborted, Generation, SamplingParams, derive_seed, run_episode
 from retool_env.trajectory import Trajectory
 
@@ -216,17 +214,7 @@ def agent_loop_outputs(traj: Trajectory, *, with_logprobs: bool, engine_fields: 
 
 
 _training_kwargs: dict[tuple[int, str], tuple[Any, dict[str, Any]]] = {}
-_record_writers: dict[str, RecordWriter] = {}
-
-
-def process_record_writer(path: str | os.PathLike) -> RecordWriter:
-    """One `RecordWriter` per path in this process, on a file of its own (`records.<host>-<pid>.jsonl`): verl builds
-    the agent loop for every sample, in several Ray worker processes."""
-    key = os.fspath(path)
-    if key not in _record_writers:
-        root, ext = os.path.splitext(key)
-        _record_writers[key] = RecordWriter(f"{root}.{socket.gethostname()}-{os.getpid()}{ext or '.jsonl'}")
-    return _record_writers[key]
+_training_kwargs: dict[tuple[int, str], tuple[Any, dict[str, Any]]] = {}
 
 
 def cached_training_env_kwargs(tokenizer: Any, env_kwargs: Mapping[str, Any]) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -47,8 +48,8 @@ from retool_env.grading import Grade, extract_answer, grade, strict_box_correct
 from retool_env.rewards import REWARD_SCHEMES, EpisodeStats, get_reward_fn
 from retool_env.trajectory import Trajectory
 
-__all__ = ["GRADERS", "SCHEMA_VERSION", "RecordWriter", "RegradeReport", "episode_record", "read_records", "regrade",
-           "reward_scheme_name"]
+__all__ = ["GRADERS", "SCHEMA_VERSION", "RecordWriter", "RegradeReport", "episode_record", "process_record_writer",
+           "read_records", "regrade", "reward_scheme_name"]
 
 SCHEMA_VERSION = 1
 
@@ -114,6 +115,20 @@ class RecordWriter:
             with self.path.open("a", encoding="utf-8") as f:
                 f.write(lines)
             self.written += lines.count("\n")
+
+
+_process_writers: dict[str, RecordWriter] = {}
+
+
+def process_record_writer(path: str | os.PathLike) -> RecordWriter:
+    """This process's `RecordWriter` for `path`, on a file of its own (`records.<host>-<pid>.jsonl`): for trainers
+    that play episodes in several worker processes (verl's agent loop workers, slime's rollout) without telling the
+    adapter its rank. One writer per path and process, however often an adapter asks."""
+    key = os.fspath(path)
+    if key not in _process_writers:
+        root, ext = os.path.splitext(key)
+        _process_writers[key] = RecordWriter(f"{root}.{socket.gethostname()}-{os.getpid()}{ext or '.jsonl'}")
+    return _process_writers[key]
 
 
 def read_records(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
