@@ -56,6 +56,9 @@ class EnvArguments(EnvConfig):
     chat_template_kwargs: dict | None = field(default=None, init=False)
     episode_timeout: float | None = field(default=None, metadata={
         "help": "Seconds an episode may take; a slower one is dropped from training (zero advantage, no loss)."})
+    records_path: str | None = field(default=None, metadata={
+        "help": "Append every training episode to this JSONL file (retool_env.records); `retool-env regrade` "
+                "re-scores it."})
     skip_steps_without_signal: bool = field(default=False, metadata={
         "help": "Skip the optimizer step when every group's rewards are equal (the gradient is zero, yet Adam's "
                 "momentum would move the weights): retool_adapters.trl_callbacks.SkipStepsWithoutSignal."})
@@ -93,7 +96,8 @@ def main(env_args: EnvArguments, training_args, model_args) -> None:
     env_config = EnvConfig.from_settings(
         env_args, max_completion_tokens=env_args.max_completion_tokens or training_args.max_completion_length)
     rollout = ReToolRollout(train_problems + eval_problems, tokenizer=tokenizer, concurrency=env_args.concurrency,
-                            episode_timeout=env_args.episode_timeout, **env_config)
+                            episode_timeout=env_args.episode_timeout, records_path=env_args.records_path,
+                            **env_config)
 
     # 4. The rewards: the environment's own reward trains; correctness (weight 0) puts accuracy in the logs.
     if training_args.reward_weights is None:

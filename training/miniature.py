@@ -59,6 +59,8 @@ class Arguments:
     seed: int = field(default=0, metadata={"help": "First seed."})
     smoke: bool = field(default=False, metadata={"help": "Tiny everything: checks the pipeline end to end (< 3 min)."})
     arms: str = field(default="tool,text", metadata={"help": "Comma-separated arms to run: tool, text."})
+    records: bool = field(default=False, metadata={"help": "Record every RL episode of the tool arm in "
+                                                           "seed<k>/tool/records.jsonl (retool-env regrade)."})
     # data
     train_per_level: int = field(default=400, metadata={"help": "Training problems per level."})
     test_per_level: int = field(default=40, metadata={"help": "Held-out problems per level."})
@@ -184,6 +186,8 @@ def run_grpo(args: Arguments, arm: str, model_dir: Path, problems: Path, out: Pa
         "logging_steps": 1, "report_to": "none",
         "save_strategy": "steps", "save_steps": args.eval_every, "save_only_model": True,  # held-out curve
     }
+    if args.records and arm == "tool":
+        config["records_path"] = str(out.parent / "records.jsonl")
     yaml_path = write_yaml(out.parent / "grpo.yaml", config)
     run_logged([sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "1", "--num_machines", "1",
                 "--mixed_precision", "no", "--dynamo_backend", "no", "training/grpo_trl.py",
