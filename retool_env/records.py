@@ -16,11 +16,13 @@ One record (`SCHEMA_VERSION` 1; every field always present, None where unknown):
 
 - `schema`: 1. `mode`: "train" or "eval". `policy_version`: the trainer's global step when the episode was generated
   (TRL's `rollout_func`), or the oldest policy version of its turns (the asynchronous worker). `seed`: the episode's
-  sampling seed (None: unseeded). `group`: the index of the episode's GRPO group within its call or worker.
+  sampling seed (None: unseeded). `group`: the episode's GRPO group: its index within the call (TRL) or worker
+  (async), the prompt's `uid` (verl), the sample's `group_index` (slime).
 - `problem_id`, `question`, `gold`.
 - `prompt_ids`, `completion_ids`, `env_mask`: the tokens exactly as trained (`env_mask` after the filters, so all 0
   for an episode a filter took out of the loss), and `filtered`: the filters that did (`void_turn`, `accuracy`,
-  `roc`), `[]` when none did.
+  `roc`, `roc_equal_reward`, `stale`; `retool_env.filters`), `[]` when none did. verl and slime decide group filters
+  after the episode is written, so their records name `void_turn` only.
 - `turns`: per model turn, `model` (its decoded text), `env` (the decoded environment tokens after it), `tool_calls`
   (how many it wrote) and `policy_version`.
 - `tool_calls`: per call, `turn`, `code`, `status` (a `ToolStatus`), `output` (the text the model was shown) and
