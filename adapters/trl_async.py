@@ -136,7 +136,7 @@ class ReToolRolloutWorker:
         self.accuracy_filter = accuracy_filter
         self.roc_down_sample = roc_down_sample
         self.sign_safe_shaping = sign_safe_shaping
-        self.filters  # noqa: B018 (checks the options now, not at the first group)
+        TrajectoryFilters(mask_void_turns, accuracy_filter, roc_down_sample, sign_safe_shaping)  # checks them
         self.records = None if records_path is None else RecordWriter(records_path)
         self._record_env: ToolEnvironment | None = None
         self.rollout_buffer: queue.Queue = queue.Queue(maxsize=queue_maxsize)
