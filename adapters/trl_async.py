@@ -273,7 +273,7 @@ class ReToolRolloutWorker:
         queued, by_episode, records = {id(s) for s in fresh}, iter(samples), []
         for j, traj in enumerate(trajectories):
             failed = traj.aborted or not traj.completion_ids
-            sample = None if failed or not self.queues(plan.filters[j]) else next(by_episode)
+            sample = None if failed or not self.is_queued(plan.filters[j]) else next(by_episode)
             mask = (None if failed else [0] * len(traj.env_mask) if sample is None
                     else sample.completion_mask[len(traj.prompt_ids):].tolist())
             filtered = list(plan.filters[j]) + ([] if sample is None or id(sample) in queued else ["stale"])
@@ -300,7 +300,7 @@ class ReToolRolloutWorker:
                                  roc_seed=derive_seed(self.seed, "roc", group_id))
 
     @staticmethod
-    def queues(filters: Sequence[str]) -> bool:
+    def is_queued(filters: Sequence[str]) -> bool:
         """Whether an episode with these filters is queued: a void turn's is (masked), the group filters' not."""
         return not set(filters) & {"accuracy", "roc", "roc_equal_reward"}
 
@@ -312,7 +312,7 @@ class ReToolRolloutWorker:
     def to_samples(self, trajectories: Sequence[Trajectory], group_id: int,
                    plan: TrainingPlan | None = None) -> list[Any]:
         """The group's queued episodes as TRL `RolloutSample`s: failed episodes left out (their advantage would be
-        0), and those the group filters took out (`queues`)."""
+        0), and those the group filters took out (`is_queued`)."""
         from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
         plan = plan or self.training_plan(trajectories, group_id)
@@ -322,7 +322,7 @@ class ReToolRolloutWorker:
         reward_std = float(np.std(scored)) if scored else float("nan")
         samples = []
         for traj, bad, filters, advantage in zip(trajectories, failed, plan.filters, advantages, strict=True):
-            if bad or not self.queues(filters):
+            if bad or not self.is_queued(filters):
                 continue
             versions = [v for v in traj.policy_versions if v is not None]
             prompt = len(traj.prompt_ids)

@@ -342,7 +342,8 @@ else:
         trajectories' `reward_extra_info`) lies outside the range, or, under RoC, when its scores are all equal
         (`training/filter_groups/evicted_samples` counts them). As a batch is materialised RoC keeps n
         trajectories of each group (`roc_select` on `score`, `acc`, `retool/roc_penalty`) and clears the others
-        from TransferQueue, so GRPO's advantages are those of the n kept (`training/retool/roc_dropped`)."""
+        from TransferQueue, so GRPO's advantages are those of the n kept (`training/retool/roc_dropped`). verl hands
+        a custom sampler no `algorithm.filter_groups`: RoC's equal-score rejection is that DAPO filter on `score`."""
 
         def __init__(self, trainer_mode: str, trainer_config: Any, max_off_policy_threshold: int | None,
                      max_off_policy_strategy: str, sampler_kwargs: Mapping[str, Any] | None,
