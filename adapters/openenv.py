@@ -234,7 +234,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--max-concurrent-envs", type=int, default=64)
     args = parser.parse_args(argv)
-    from retool_env.env import load_dataset_problems, load_tokenizer
+    from retool_env.data import load_dataset_problems
+    from retool_env.tokens import load_tokenizer
 
     tokenizer, problems = load_tokenizer(args.tokenizer), load_dataset_problems(args.dataset)
     app = create_app(lambda: ToolEnvironment(tokenizer, problems, tool_format=args.tool_format,

@@ -35,8 +35,9 @@ except ModuleNotFoundError as exc:
                               name=exc.name) from exc
 
 from retool_env.data import Problem
-from retool_env.env import ToolEnvironment, load_tokenizer
+from retool_env.env import ToolEnvironment
 from retool_env.formats import CODE_INTERPRETER_TOOL, TOOL_NAME
+from retool_env.tokens import load_tokenizer
 
 __all__ = ["CHAT_TEMPLATE_KWARGS", "ENV_ID", "ReToolTextEnv"]
 

@@ -52,7 +52,7 @@ def test_hermes_episode_equals_chat_template(any_tok):
     prompt_ids, info = env.reset(options={"index": 0})
     messages = env.prompt.messages(PROBLEMS[0].question)
     assert prompt_ids.tolist() == render(tok, messages, add_generation_prompt=True)
-    assert info["stop_token_ids"] and info["max_new_tokens"] == env.max_completion_tokens
+    assert info["stop_token_ids"] and info["max_new_tokens"] == env.config.max_completion_tokens
 
     first = {"role": "assistant", "content": "Let me compute it.",
              "tool_calls": [{"type": "function", "function": {"name": "code_interpreter",
