@@ -103,7 +103,8 @@ class ToolEnvironment(gym.Env):
 
     ## Starting State
     A problem drawn with the environment's seeded RNG, or chosen with `options={"index": i}` or
-    `options={"problem": Problem | dict}`.
+    `options={"problem": Problem | dict}`. `options` may also set an episode's budgets and tool settings
+    (`EPISODE_OVERRIDES`, see `reset`); any other key is refused.
 
     ## Episode End
     Terminated when the model answers (a turn without a tool call). Truncated when a turn is cut off by the token
