@@ -116,7 +116,7 @@ async def run_episode(
                   "finish_reason": generation.finish_reason}
         _, _, terminated, truncated, info = await env.astep(action)
         traj.turns[turn].policy_version = generation.policy_version
-        if getattr(env, "stateful", False) and any(r["status"] == ToolStatus.SANDBOX_ERROR for r in info["tool_results"]):
+        if getattr(getattr(env, "config", None), "stateful", False) and any(r["status"] == ToolStatus.SANDBOX_ERROR for r in info["tool_results"]):
             # The executor failed mid-episode: the session's variables may be gone, so later cells would run on a
             # state the model never built. Such an episode is not honest training data.
             raise EpisodeAborted("the sandbox failed in a stateful episode (its session state is lost)")
