@@ -72,13 +72,14 @@ from typing import Any
 import numpy as np
 
 from retool_env.data import Problem, strip_dapo_template
-from retool_env.env import ToolEnvironment, load_tokenizer
+from retool_env.env import ToolEnvironment
 from retool_env.filters import TrajectoryFilters, has_void_turn, roc_penalty, roc_select
 from retool_env.grading import grade
 from retool_env.prompts import render_prompt
 from retool_env.records import episode_record, process_record_writer
 from retool_env.rewards import EpisodeStats, get_reward_fn
 from retool_env.rollout import EpisodeAborted, Generation, SamplingParams, derive_seed, run_episode
+from retool_env.tokens import load_tokenizer
 from retool_env.trajectory import Trajectory
 
 from .generators._common import DEFAULT_SAMPLING, LogprobsMismatchError, TurnGenerator
@@ -453,9 +454,10 @@ async def generate(args: Any, sample: Any, sampling_params: Mapping[str, Any], e
     for attempt in range(attempts):
         env = _take_env(args, problem)
         turns = _EpisodeTurns(_generator(args), sampling_params)
-        env.max_completion_tokens = _completion_budget(args, env, problem, sampling_params)
+        budget = {"max_completion_tokens": _completion_budget(args, env, problem, sampling_params)}
         try:
-            traj = await run_episode(env, turns, problem=problem, sampling=sampling, require_logprobs=True)
+            traj = await run_episode(env, turns, problem=problem, sampling=sampling, require_logprobs=True,
+                                     options=budget)
             if _env_kwargs(args).get("sample_mode", "episode") == "turn":
                 filled = fill_samples(sample, traj, env.tokenizer, args, turns.metas)
             else:
