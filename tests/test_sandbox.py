@@ -271,10 +271,12 @@ def test_session_survives_an_old_head_that_is_slow_to_exit():
     """On a loaded machine the head a cell replaces may take seconds to exit; the new head waits for it (it used to
     give up after a second, and the session's next call answered `sandbox_error`). Without seccomp a cell can stop
     its own head, which stands in for that machine (a process of its own group resumes it: the cell itself is
-    stopped once its code is done)."""
-    stall = ("import os, signal, time\nhead = os.getppid()\nos.kill(head, signal.SIGSTOP)\n"
-             "if os.fork() == 0:\n    os.setpgid(0, 0)\n    time.sleep(1.5)\n    os.kill(head, signal.SIGCONT)\n"
-             "    os._exit(0)\nx = 1")
+    stopped once its code is done). The cell moves that process to its group itself, as a shell does: on a busy core
+    the cell could otherwise stop itself, and its not-yet-moved child with it, first, and nothing would resume the
+    head."""
+    stall = ("import os, signal, time\nhead = os.getppid()\nos.kill(head, signal.SIGSTOP)\npid = os.fork()\n"
+             "if pid == 0:\n    os.setpgid(0, 0)\n    time.sleep(1.5)\n    os.kill(head, signal.SIGCONT)\n"
+             "    os._exit(0)\nos.setpgid(pid, pid)\nx = 1")
 
     async def main():
         with LocalSandbox(seccomp=False, timeout=10) as sb:
