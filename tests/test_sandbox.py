@@ -26,10 +26,9 @@ from retool_env.sandbox import (
     SandboxFusionPool,
     SandboxFusionSandbox,
     ToolStatus,
-    isolation,
     make_sandbox,
-    probes,
 )
+from retool_env.sandbox.forkserver import isolation, probes
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -73,7 +72,7 @@ def server_host_pid(sb: LocalSandbox) -> int:
     for pid in [sb.server_pid, *descendants(sb.server_pid)]:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             argv = f.read().split(b"\0")
-        if argv[0] == sys.executable.encode() and b"retool_env.sandbox.server" in b" ".join(argv):
+        if argv[0] == sys.executable.encode() and b"retool_env.sandbox.forkserver.server" in b" ".join(argv):
             return pid
     raise AssertionError("no server process found")
 
@@ -351,7 +350,7 @@ def test_sessions_are_bounded(sandbox):
 
 
 def test_namespaces_and_unknown_isolation():
-    from retool_env.sandbox import isolation
+    from retool_env.sandbox.forkserver import isolation
 
     with LocalSandbox(isolation="unshare", prefork=1) as sb:  # the old wrapper's name means the namespaces
         code = "import os\nprint(os.getpid() < 100, [l.split(':')[0].strip() for l in open('/proc/net/dev')][2:])"
@@ -520,7 +519,7 @@ def test_a_path_under_tmp_given_in_extra_paths_stays_visible_read_only(monkeypat
 
 def test_the_package_is_bound_back_not_the_checkout_around_it(monkeypatch):
     """A checkout in a private directory (mktemp -d makes it 0700) would stay closed to a call's uid if bound whole."""
-    from retool_env.sandbox import isolation
+    from retool_env.sandbox.forkserver import isolation
 
     package = Path(isolation.__file__).resolve().parent.parent
     monkeypatch.setattr(sys, "path", [str(package.parent), *sys.path])  # as pytest or `python -c` in it would

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from retool_env.sandbox import LocalSandbox, isolation, probes, uids
+from retool_env.sandbox import LocalSandbox
+from retool_env.sandbox.forkserver import isolation, probes, uids
 
 pytestmark = pytest.mark.timeout(180)
 ROOT = os.geteuid() == 0

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from retool_env.sandbox import LocalSandbox, uids
+from retool_env.sandbox import LocalSandbox
+from retool_env.sandbox.forkserver import uids
 
 pytestmark = [
     pytest.mark.timeout(240),
@@ -94,7 +95,7 @@ def test_a_call_that_exhausts_its_process_limit_does_not_stop_another_servers_fo
 def test_a_block_is_taken_once_and_freed_when_its_holder_dies():
     """The lock lives in the holder's open file: killing the holder (no cleanup runs) frees the block."""
     holder = subprocess.Popen(
-        [sys.executable, "-c", "from retool_env.sandbox import uids\nimport sys, time\n"
+        [sys.executable, "-c", "from retool_env.sandbox.forkserver import uids\nimport sys, time\n"
          "block = uids.UidBlock.acquire()\nprint(block.index, flush=True)\ntime.sleep(600)"],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip

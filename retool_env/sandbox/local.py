@@ -24,25 +24,26 @@ import warnings
 import weakref
 from typing import Any
 
-from . import isolation as _isolation
-from . import seccomp, uids
 from .base import ExecResult, Sandbox, ToolStatus
-from .cgroups import Delegation
-from .protocol import pack, read_frame
-from .server import PRELOAD
+from .forkserver import isolation as _isolation
+from .forkserver import seccomp, uids
+from .forkserver.cgroups import Delegation
+from .forkserver.protocol import pack, read_frame
+from .forkserver.server import PRELOAD
 
 _SANDBOX_DIR = os.path.dirname(os.path.abspath(__file__))
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(_SANDBOX_DIR))
-# Import the server's modules without running `retool_env/__init__.py` (which may grow heavy imports).
+# Import the server's modules without running `retool_env/__init__.py` or `retool_env/sandbox/__init__.py` (which
+# may grow heavy imports): only the fork server's own package is imported as a package.
 # Namespaces and the filesystem view first (isolation.enter), then the server, which reads its config from stdin.
 _BOOTSTRAP = (
     "import io, json, sys, types\n"
     "for name, path in (('retool_env', {root!r}), ('retool_env.sandbox', {sandbox!r})):\n"
     "    module = types.ModuleType(name); module.__path__ = [path]; sys.modules[name] = module\n"
-    "from retool_env.sandbox import isolation\n"
+    "from retool_env.sandbox.forkserver import isolation\n"
     "config = isolation.enter(json.loads(sys.stdin.readline()))\n"
     "sys.stdin = io.StringIO(json.dumps(config) + '\\n')\n"
-    "from retool_env.sandbox.server import main\n"
+    "from retool_env.sandbox.forkserver.server import main\n"
     "main()\n"
 )
 _CLEAN_ENV = {

@@ -87,7 +87,7 @@ def _outermost(paths: set[str]) -> list[str]:
 
 
 def _package() -> str:
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @functools.cache
