@@ -508,7 +508,7 @@ def test_a_path_under_tmp_given_in_extra_paths_stays_visible_read_only(monkeypat
             result = run(sb, code)
         assert result.status == "error" and result.stdout.count(" ") >= 2, result
         text, seen, listed = result.stdout.split(" ", 2)
-        package = Path(isolation.__file__).resolve().parents[1]  # bound too: a checkout under /tmp shows its top
+        package = Path(isolation.__file__).resolve().parents[2]  # bound too: a checkout under /tmp shows its top
         own = {package.relative_to("/tmp").parts[0]} if package.is_relative_to("/tmp") else set()
         assert text == "visible" and seen == "False" and set(ast.literal_eval(listed)) == {checkout.name} | own, result
         assert "Read-only file system" in result.output and not (checkout / "sub" / "written.txt").exists()
@@ -521,7 +521,7 @@ def test_the_package_is_bound_back_not_the_checkout_around_it(monkeypatch):
     """A checkout in a private directory (mktemp -d makes it 0700) would stay closed to a call's uid if bound whole."""
     from retool_env.sandbox.forkserver import isolation
 
-    package = Path(isolation.__file__).resolve().parent.parent
+    package = Path(isolation.__file__).resolve().parents[2]  # retool_env/sandbox/forkserver/isolation.py
     monkeypatch.setattr(sys, "path", [str(package.parent), *sys.path])  # as pytest or `python -c` in it would
     paths = isolation.python_paths()
     assert str(package) in paths or any(str(package).startswith(p + "/") for p in paths)
