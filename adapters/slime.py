@@ -59,7 +59,7 @@ from retool_env.rewards import EpisodeStats, get_reward_fn
 from retool_env.rollout import EpisodeAborted, Generation, SamplingParams, run_episode
 from retool_env.trajectory import Trajectory
 
-from .generators._common import DEFAULT_SAMPLING, LogprobsMismatchError, TurnGenerator
+from .generators.base import DEFAULT_SAMPLING, LogprobsMismatchError, TurnGenerator, sampling_from_mapping
 from .generators.openai_completions import OpenAICompletionsGenerator
 
 __all__ = ["SGLangGenerator", "VLLMRouterGenerator", "drop_aborted_groups", "fill_sample", "fill_samples", "generate",
@@ -421,11 +421,7 @@ async def generate(args: Any, sample: Any, sampling_params: Mapping[str, Any], e
     aborted evaluation episode is played again up to `retool_abort_retries` times (default 2), then raises."""
     _refuse_what_cannot_be_served(args, sampling_params, evaluation)
     problem = problem_from_sample(sample)
-    seed = sampling_params.get("sampling_seed", sampling_params.get("seed"))
-    sampling = SamplingParams(temperature=float(sampling_params.get("temperature", 1.0)),
-                              top_p=float(sampling_params.get("top_p", 1.0)),
-                              top_k=int(sampling_params.get("top_k", -1)),
-                              seed=None if seed is None else int(seed))
+    sampling = sampling_from_mapping(sampling_params)
     attempts = 1 + (int(getattr(args, "retool_abort_retries", 2)) if evaluation else 0)
     for attempt in range(attempts):
         env = _take_env(args, problem)

@@ -52,7 +52,7 @@ from retool_env.grading import strict_box_correct
 from retool_env.rollout import EpisodeAborted, Generation, SamplingParams, run_episode
 from retool_env.trajectory import Trajectory
 
-from .generators._common import LogprobsMismatchError, TurnGenerator
+from .generators.base import LogprobsMismatchError, TurnGenerator, sampling_from_mapping
 
 __all__ = ["AGENT_NAME", "VerlServerGenerator", "agent_loop_fields", "agent_loop_outputs", "problem_from_row"]
 
@@ -233,9 +233,7 @@ else:
             problem = problem_from_row(kwargs)
             priority = int(priority)  # may arrive as np.int64 from the non-tensor batch
             with_logprobs = bool(sampling_params.get("logprobs"))
-            sampling = SamplingParams(temperature=float(sampling_params.get("temperature", 1.0)),
-                                      top_p=float(sampling_params.get("top_p", 1.0)),
-                                      top_k=int(sampling_params.get("top_k", -1)))
+            sampling = sampling_from_mapping(sampling_params)
             start = time.perf_counter()
             for attempt in range(self.abort_retries + 1):
                 generator = self._generator(sampling_params, priority)

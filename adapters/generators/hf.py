@@ -25,7 +25,7 @@ from transformers import (
 
 from retool_env.rollout import Generation, SamplingParams
 
-from ._common import GREEDY_TEMPERATURE, ThreadBatcher, TurnGenerator
+from .base import GREEDY_TEMPERATURE, ThreadBatcher, TurnGenerator
 
 LogprobsMode = Literal["raw_logprobs", "processed_logprobs"]
 

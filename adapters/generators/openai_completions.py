@@ -10,7 +10,7 @@ import httpx
 
 from retool_env.rollout import Generation, SamplingParams
 
-from ._common import LogprobsMismatchError, TurnGenerator
+from .base import LogprobsMismatchError, TurnGenerator
 
 _RETRY_STATUS = {429, 500, 502, 503, 504}
 
