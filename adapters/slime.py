@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from retool_env.data import Problem, strip_dapo_template
+from retool_env.data import Problem, message_text, strip_dapo_template
 from retool_env.env import ToolEnvironment, load_tokenizer
 from retool_env.grading import grade
 from retool_env.prompts import render_prompt
@@ -313,9 +313,7 @@ def _completion_budget(args: Any, env: ToolEnvironment, problem: Problem, sampli
 
 def problem_from_sample(sample: Any) -> Problem:
     """The raw problem of a slime sample: `sample.prompt` (text, or the last user message) and `sample.label`."""
-    prompt = sample.prompt
-    if not isinstance(prompt, str):
-        prompt = next(m["content"] for m in reversed(prompt) if m.get("role") == "user")
+    prompt = message_text(sample.prompt)
     if "<|im_start|>" in prompt:
         raise ValueError("sample.prompt is already chat-templated; drop --apply-chat-template (the environment "
                          "renders the prompt itself)")

@@ -46,7 +46,7 @@ from typing import Any
 from uuid import uuid4
 
 from retool_adapters.chat_templates import training_env_kwargs
-from retool_env.data import Problem, strip_dapo_template
+from retool_env.data import Problem, message_text, strip_dapo_template
 from retool_env.env import ToolEnvironment
 from retool_env.grading import strict_box_correct
 from retool_env.rollout import EpisodeAborted, Generation, SamplingParams, run_episode
@@ -135,7 +135,7 @@ def problem_from_row(row: Mapping[str, Any]) -> Problem:
     extra = row.get("extra_info") or {}
     question = extra.get("question")
     if question is None:
-        question = next(m["content"] for m in reversed(list(row["raw_prompt"])) if m["role"] == "user")
+        question = message_text(list(row["raw_prompt"]))
     answer = (row.get("reward_model") or {}).get("ground_truth", extra.get("answer", ""))
     return Problem(question=strip_dapo_template(str(question)), answer=str(answer),
                    id=str(extra.get("index", row.get("index", ""))))

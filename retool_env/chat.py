@@ -24,6 +24,8 @@ from typing import Any
 
 from retool_env.tokens import encode, encode_text, has_added_token_text
 
+__all__ = ["Conversation", "NextContext", "chat_template_names", "resolve_chat_template", "with_chat_template"]
+
 SHIPPED_TEMPLATES = Path(__file__).parent / "chat_templates"
 SAMPLE_MODES = ("episode", "turn")
 _THINK = "<think>\n"
