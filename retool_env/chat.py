@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from retool_env.tokens import encode, encode_text, has_added_token_text
+from retool_env.tokens import Tokenizer, encode, encode_text, has_added_token_text
 
 __all__ = ["Conversation", "NextContext", "chat_template_names", "resolve_chat_template", "with_chat_template"]
 
@@ -59,7 +59,7 @@ def resolve_chat_template(spec: str) -> str:
                      f"{', '.join(chat_template_names())}")
 
 
-def with_chat_template(tokenizer: Any, chat_template: str | None) -> Any:
+def with_chat_template(tokenizer: Tokenizer, chat_template: str | None) -> Tokenizer:
     """The tokenizer rendering with `chat_template`: a shallow copy, so the caller's tokenizer (often shared with
     a trainer) keeps its own template."""
     if chat_template is None:
@@ -85,7 +85,7 @@ class NextContext:
 class Conversation:
     """An episode's chat messages and the text the template renders for them."""
 
-    def __init__(self, tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+    def __init__(self, tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                  turn_end: str, chat_template_kwargs: dict[str, Any] | None = None) -> None:
         self.tokenizer = tokenizer
         self.tools = tools

@@ -41,10 +41,10 @@ from retool_env.dialects import (
     tool_system_prompt,
 )
 from retool_env.reasoning import split_reasoning
+from retool_env.tokens import Tokenizer, encode_text, has_added_token_text
 from retool_env.tokens import clip_tokens as clip_tokens  # also importable from here
 from retool_env.tokens import decode as decode
 from retool_env.tokens import encode as encode
-from retool_env.tokens import encode_text, has_added_token_text
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ class ToolFormat(ABC):
     turn_end_id: int | None = None  # the template's end-of-turn token, inserted when a call turn ends otherwise
     system_prompt: str | None = None  # tool schemas and call format, for a template that does not render `tools`
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         ends = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
         ends = [i for i in [tokenizer.eos_token_id, *ends] if isinstance(i, int) and i != tokenizer.unk_token_id]
@@ -309,7 +309,7 @@ class HermesFormat(ToolFormat):
     tool_turns = True
     _DUMMY = "<<retool-env-dummy>>"
 
-    def __init__(self, tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(self, tokenizer: Tokenizer, chat_template_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__(tokenizer)
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         if not getattr(tokenizer, "chat_template", None):
@@ -441,7 +441,7 @@ class DialectFormat(ToolFormat):
     tool_turns = True
     dialect: Dialect
 
-    def __init__(self, tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(self, tokenizer: Tokenizer, chat_template_kwargs: dict[str, Any] | None = None) -> None:
         template = getattr(tokenizer, "chat_template", None)
         if not isinstance(template, str) or not template:
             raise ValueError(f"the {self.name} format renders tool results with the tokenizer's chat template, and "
@@ -585,7 +585,7 @@ def format_class(tool_format: str) -> type[ToolFormat]:
                          f"{', '.join(sorted({*FORMATS, *DIALECTS}))}") from None
 
 
-def resolve_tool_format(tool_format: str, tokenizer: Any) -> str:
+def resolve_tool_format(tool_format: str, tokenizer: Tokenizer) -> str:
     """The format `tool_format="auto"` means for this tokenizer: the dialect its chat template writes tool calls
     in (hermes when that is the `<tool_call>` JSON form, or when the template shows no tool-call syntax), and the
     paper's `retool` when the tokenizer has no chat template. Logged once per choice."""
@@ -608,7 +608,7 @@ def _log_choice(chosen: str, why: str) -> None:
     logger.info("tool_format='auto' chose %r: %s", chosen, why)
 
 
-def make_format(tool_format: str | ToolFormat, tokenizer: Any,
+def make_format(tool_format: str | ToolFormat, tokenizer: Tokenizer,
                 chat_template_kwargs: dict[str, Any] | None = None) -> ToolFormat:
     """The format of a name (`auto`: picked from the chat template, see `resolve_tool_format`) for `tokenizer`."""
     if isinstance(tool_format, ToolFormat):
