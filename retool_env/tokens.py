@@ -14,9 +14,10 @@ import contextlib
 import re
 import weakref
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 
+@runtime_checkable
 class Tokenizer(Protocol):
     """What `retool_env` needs of a tokenizer; a Hugging Face tokenizer (`PreTrainedTokenizerBase`, fast or slow)
     has all of it. Read with `getattr` where present: `backend_tokenizer` (the Rust tokenizer, used directly on the

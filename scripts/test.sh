@@ -8,6 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
+bash scripts/typecheck.sh
 # The slow-old-head session test times out only after the rest of the suite has run in the same process (an order
 # effect not yet found; it passes on its own, and in its file): it runs on its own, right after.
 slow_head=tests/test_sandbox.py::test_session_survives_an_old_head_that_is_slow_to_exit
