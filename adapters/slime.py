@@ -52,11 +52,12 @@ from typing import Any
 import numpy as np
 
 from retool_env.data import Problem, message_text, strip_dapo_template
-from retool_env.env import ToolEnvironment, load_tokenizer
+from retool_env.env import ToolEnvironment
 from retool_env.grading import grade
 from retool_env.prompts import render_prompt
 from retool_env.rewards import EpisodeStats, get_reward_fn
 from retool_env.rollout import EpisodeAborted, Generation, SamplingParams, run_episode
+from retool_env.tokens import load_tokenizer
 from retool_env.trajectory import Trajectory
 
 from .generators.base import DEFAULT_SAMPLING, LogprobsMismatchError, TurnGenerator, sampling_from_mapping
@@ -424,9 +425,10 @@ async def generate(args: Any, sample: Any, sampling_params: Mapping[str, Any], e
     for attempt in range(attempts):
         env = _take_env(args, problem)
         turns = _EpisodeTurns(_generator(args), sampling_params)
-        env.max_completion_tokens = _completion_budget(args, env, problem, sampling_params)
+        budget = {"max_completion_tokens": _completion_budget(args, env, problem, sampling_params)}
         try:
-            traj = await run_episode(env, turns, problem=problem, sampling=sampling, require_logprobs=True)
+            traj = await run_episode(env, turns, problem=problem, sampling=sampling, require_logprobs=True,
+                                     options=budget)
             if _env_kwargs(args).get("sample_mode", "episode") == "turn":
                 return fill_samples(sample, traj, env.tokenizer, args, turns.metas)
             return fill_sample(sample, traj, env.tokenizer, args, turns.metas, top_p=_wants_top_p(sampling_params))

@@ -36,12 +36,12 @@ from typing import Any
 
 import numpy as np
 
-from retool_adapters.trl import env_episode_stats, episode_metrics, has_void_turn, index_problems
+from retool_adapters.trl import episode_metrics, has_void_turn, index_problems
 from retool_env.config import EnvConfig
 from retool_env.data import Problem
 from retool_env.env import ToolEnvironment
 from retool_env.records import RecordWriter, episode_record
-from retool_env.rewards import sign_safe_rewards
+from retool_env.rewards import EpisodeStats, sign_safe_rewards
 from retool_env.rollout import Generation, Generator, SamplingParams, derive_seed, run_episodes
 from retool_env.trajectory import Trajectory
 
@@ -264,7 +264,7 @@ class ReToolRolloutWorker:
             versions = [v for v in traj.policy_versions if v is not None]
             records.append(episode_record(
                 traj, decode=env.tokenizer.decode,
-                episode_stats=None if failed else env_episode_stats(traj), reward_scheme=env.config.reward,
+                episode_stats=None if failed else EpisodeStats.of(traj), reward_scheme=env.config.reward,
                 reward_kwargs=env.config.reward_kwargs, env_mask=mask, filtered=filtered,
                 question=self._questions.get(traj.problem_id), policy_version=min(versions, default=None),
                 seed=None if seed is None else seed + j, group=group_id, mode="train",
