@@ -194,7 +194,8 @@ class Conversation:
     def _segments(self, messages: list[dict[str, Any]], text: str) -> list[tuple[str, bool]] | None:
         """`text` (the rendering of `messages`) cut into the template's own pieces (True) and tool results (False),
         found by rendering markers in place of the results; None if the results are not where the markers are."""
-        contents, marked_messages = [], []
+        contents: list[str] = []
+        marked_messages: list[dict[str, Any]] = []
         for message in messages:
             if message.get("role") == "tool":
                 marked_messages.append({**message, "content": self._tool_marker.format(len(contents))})

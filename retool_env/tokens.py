@@ -91,8 +91,8 @@ def added_token_pattern(tokenizer: Tokenizer) -> re.Pattern[str] | None:
     get_added = getattr(tokenizer, "get_added_vocab", None)
     if callable(get_added):
         strings.update(get_added())
-    strings = sorted((s for s in strings if s), key=len, reverse=True)
-    pattern = re.compile("|".join(map(re.escape, strings))) if strings else None
+    texts = sorted((s for s in strings if s), key=len, reverse=True)
+    pattern = re.compile("|".join(map(re.escape, texts))) if texts else None
     with contextlib.suppress(TypeError):  # not weakly referenceable: computed each time
         _added_patterns[tokenizer] = pattern
     return pattern
