@@ -191,7 +191,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ModelArguments, DataA
                                                            OutputArguments]:
     """The four argument dataclasses from `--config file.yaml` (default: the CPU smoke config), then `--protocol`,
     then the command line, which wins."""
-    return make_parser().parse_args_and_config(argv)  # type: ignore[return-value]
+    return make_parser().parse_args_and_config(argv)
 
 
 def load_generator(args: ModelArguments, out: str | Path, max_model_len: int | None = None) -> tuple[Any, Any]:
@@ -220,7 +220,7 @@ def load_generator(args: ModelArguments, out: str | Path, max_model_len: int | N
     if args.backend == "openai":
         from retool_adapters.generators import OpenAICompletionsGenerator
 
-        return OpenAICompletionsGenerator(args.base_url, args.model), tokenizer
+        return OpenAICompletionsGenerator(args.base_url or "", args.model), tokenizer
     try:
         import vllm
     except ModuleNotFoundError as exc:

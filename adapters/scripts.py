@@ -118,7 +118,7 @@ class _Formatter(argparse.HelpFormatter):
     def _format_action_invocation(self, action: argparse.Action) -> str:
         if action.option_strings[0] == "-h":
             return ", ".join(action.option_strings)
-        return " ".join([action.option_strings[0], *([action.metavar] if action.metavar else [])])
+        return " ".join([action.option_strings[0], *([str(action.metavar)] if action.metavar else [])])
 
     def _get_help_string(self, action: argparse.Action) -> str:
         """The help, and the value in force (the config file's, else the field's default)."""

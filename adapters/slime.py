@@ -337,7 +337,9 @@ def top_p_spans(traj: Trajectory, metas: Sequence[Mapping[str, Any]]) -> tuple[l
     spans: list[list[int]] = []
     for meta in metas:
         ids, offsets = _int32s(meta, _TOP_P_IDS), _int32s(meta, _TOP_P_OFFSETS)
-        if meta["num_tokens"] and (ids is None or offsets is None):
+        if ids is None or offsets is None:
+            if not meta["num_tokens"]:
+                continue  # a turn of no tokens needs no spans
             raise ValueError("the engine returned no top-p token ids for custom_params.return_top_p_token_ids; "
                              "use an SGLang with top-p replay, or --rollout-top-p 1.0")
         if meta["num_tokens"] and (len(offsets) != meta["num_tokens"] + 1 or offsets[-1] != len(ids)):

@@ -259,17 +259,18 @@ class ReToolRolloutWorker:
             failed = traj.aborted or not traj.completion_ids
             sample = None if failed else next(by_episode)
             mask = None if sample is None else sample.completion_mask[len(traj.prompt_ids):].tolist()
-            filtered = [] if sample is None else (["void_turn"] if not any(mask) else []) + (
+            filtered = [] if sample is None or mask is None else (["void_turn"] if not any(mask) else []) + (
                 [] if id(sample) in queued else ["stale"])
             versions = [v for v in traj.policy_versions if v is not None]
             records.append(episode_record(
                 traj, decode=env.tokenizer.decode,
                 episode_stats=None if failed else EpisodeStats.of(traj), reward_scheme=env.config.reward,
-                reward_kwargs=env.config.reward_kwargs, env_mask=mask, filtered=filtered,
+                reward_kwargs=env.config.reward_options, env_mask=mask, filtered=filtered,
                 question=self._questions.get(traj.problem_id), policy_version=min(versions, default=None),
                 seed=None if seed is None else seed + j, group=group_id, mode="train",
                 trained_reward=trained[j]))
-        self.records.write(records)
+        if self.records is not None:
+            self.records.write(records)
 
     # ----------------------------------------------------------------------------------------- samples, metrics
     def trained_rewards(self, trajectories: Sequence[Trajectory]) -> list[float | None]:
@@ -302,8 +303,8 @@ class ReToolRolloutWorker:
                 advantage=float(advantage),
                 model_version=min(versions, default=self.model_version),  # its stalest tokens
                 group_id=group_id,
-                metrics={"reward": float(traj.reward), "reward_std": reward_std,
-                         "rewards/env_reward": float(traj.reward), "rewards/correctness": float(bool(traj.correct)),
+                metrics={"reward": float(traj.reward or 0.0), "reward_std": reward_std,
+                         "rewards/env_reward": float(traj.reward or 0.0), "rewards/correctness": float(bool(traj.correct)),
                          "retool/policy_versions_per_episode": float(len(set(versions)))},
             ))
         return samples

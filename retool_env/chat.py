@@ -115,7 +115,7 @@ class Conversation:
         content = tool_message.get("content")
         message = self.assistant_message(reasoning + (content or ""), split)
         if content is None and message.get("content") == "":
-            message["content"] = None
+            return {**tool_message, **message, "content": None, "tool_calls": tool_message["tool_calls"]}
         return {**tool_message, **message, "tool_calls": tool_message["tool_calls"]}
 
     def assistant_message(self, model_text: str, reasoning_field: bool | None = None) -> dict[str, str]:

@@ -371,6 +371,7 @@ class ToolEnvironment(gym.Env):
 
     def episode_stats(self) -> EpisodeStats:
         """What the reward scheme was given for the episode (`EpisodeStats.of` its trajectory)."""
+        assert self.trajectory is not None, "reset() starts an episode"
         return EpisodeStats.of(self.trajectory)
 
     def _room(self) -> int:

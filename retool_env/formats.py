@@ -596,7 +596,7 @@ class DialectFormat(ToolFormat):
         return ParsedAction((), complete=False)
 
     @classmethod
-    def call_text(cls, code: str) -> str:  # type: ignore[override]
+    def call_text(cls, code: str) -> str:
         return cls.dialect.call_text([FunctionCall(TOOL_NAME, {"code": code})])
 
     @staticmethod
