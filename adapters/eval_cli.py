@@ -239,15 +239,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """The command line (`retool-env eval ARGS`, `python training/eval.py ARGS`): the metrics dict."""
     from retool_adapters.scripts import run
 
-    return run(evaluate_from_args, make_parser(), argv)
+    return run(evaluate_from_args, make_parser(), argv)  # type: ignore[arg-type]  # EvalParser wraps a ScriptParser
 
 
-def load_benchmarks(data_args: DataArguments) -> dict[str, list[Any]]:
+def load_benchmarks(data_args: DataArguments) -> dict[str, Sequence[Any]]:
     """Each benchmark's problems (procedural ones from their held-out test split unless told otherwise)."""
     from retool_adapters.scripts import UsageError
     from retool_env.data import arith_split, load_problems
 
-    benchmarks = {}
+    benchmarks: dict[str, Sequence[Any]] = {}
     for name in (n.strip() for n in data_args.dataset.split(",") if n.strip()):
         if name == "arith":
             problems = arith_split(data_args.split or "test", data_args.limit, data_args.levels)

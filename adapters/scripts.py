@@ -72,7 +72,8 @@ class ScriptParser(TrlParser):
         try:
             return super().parse_args_and_config(args, **kwargs)
         except ValueError as exc:  # a field's own validation, or an unknown key in the file
-            self.error(f"{exc} (config: {_display(config)})")
+            self.error(f"{exc} (config: {_display(config)})")  # exits
+            raise  # unreachable: argparse's error exits
 
     def format_help(self) -> str:
         """The short help: the script's own arguments in full, the trainer's most used ones."""

@@ -88,7 +88,9 @@ class _EngineClient(OpenAICompletionsGenerator):
         return (await self.request(prompt_ids, max_tokens=max_tokens, stop_token_ids=stop_token_ids, stop=stop,
                                    sampling=sampling))[0]
 
-    async def request(self, prompt_ids: Sequence[int], **kwargs: Any) -> tuple[Generation, dict[str, Any]]:
+    async def request(self, prompt_ids: Sequence[int], *, max_tokens: int, stop_token_ids: Sequence[int] = (),
+                      stop: Sequence[str] = (), sampling: SamplingParams = DEFAULT_SAMPLING,
+                      extra_params: Mapping[str, Any] | None = None) -> tuple[Generation, dict[str, Any]]:
         raise NotImplementedError
 
 
@@ -149,7 +151,7 @@ class VLLMRouterGenerator(_EngineClient):
     def __init__(self, base_url: str, model: str | None = None, **kwargs: Any) -> None:
         super().__init__(base_url, model=model or "", **kwargs)
         self.url = base_url.rstrip("/") + "/inference/v1/generate"
-        self.model = model
+        self.model = model or ""  # sent only when given
 
     async def request(
         self,
