@@ -191,7 +191,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ModelArguments, DataA
                                                            OutputArguments]:
     """The four argument dataclasses from `--config file.yaml` (default: the CPU smoke config), then `--protocol`,
     then the command line, which wins."""
-    return make_parser().parse_args_and_config(argv)  # type: ignore[return-value]
+    return make_parser().parse_args_and_config(argv)
 
 
 def load_generator(args: ModelArguments, out: str | Path, max_model_len: int | None = None) -> tuple[Any, Any]:
@@ -220,7 +220,7 @@ def load_generator(args: ModelArguments, out: str | Path, max_model_len: int | N
     if args.backend == "openai":
         from retool_adapters.generators import OpenAICompletionsGenerator
 
-        return OpenAICompletionsGenerator(args.base_url, args.model), tokenizer
+        return OpenAICompletionsGenerator(args.base_url or "", args.model), tokenizer
     try:
         import vllm
     except ModuleNotFoundError as exc:
@@ -239,15 +239,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """The command line (`retool-env eval ARGS`, `python training/eval.py ARGS`): the metrics dict."""
     from retool_adapters.scripts import run
 
-    return run(evaluate_from_args, make_parser(), argv)
+    return run(evaluate_from_args, make_parser(), argv)  # type: ignore[arg-type]  # EvalParser wraps a ScriptParser
 
 
-def load_benchmarks(data_args: DataArguments) -> dict[str, list[Any]]:
+def load_benchmarks(data_args: DataArguments) -> dict[str, Sequence[Any]]:
     """Each benchmark's problems (procedural ones from their held-out test split unless told otherwise)."""
     from retool_adapters.scripts import UsageError
     from retool_env.data import arith_split, load_problems
 
-    benchmarks = {}
+    benchmarks: dict[str, Sequence[Any]] = {}
     for name in (n.strip() for n in data_args.dataset.split(",") if n.strip()):
         if name == "arith":
             problems = arith_split(data_args.split or "test", data_args.limit, data_args.levels)

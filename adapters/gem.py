@@ -67,6 +67,7 @@ class ReToolGemEnv(Env):
         info = {**info, "token_ids": obs_ids.tolist(), "action_ids": list(action_ids)}
         if done:
             traj = self.env.trajectory
+            assert traj is not None
             info.update(correct=bool(traj.correct), num_tool_calls=traj.num_tool_calls)
         return (TERMINAL_STATE if done else self._text(obs_ids)), float(reward), terminated, truncated, info
 

@@ -100,7 +100,7 @@ class ReToolOpenEnv(Environment[ReToolAction, ReToolObservation, State]):
         self._state.step_count += 1
         done = terminated or truncated
         return ReToolObservation(token_ids=obs_ids.tolist(), info=info, done=done, reward=reward, truncated=truncated,
-                                 trajectory=self.env.trajectory.to_dict() if done else None)
+                                 trajectory=self.env.trajectory.to_dict() if done and self.env.trajectory else None)
 
     @property
     def state(self) -> State:
@@ -201,9 +201,10 @@ class RemoteToolEnvironment:
 
     def _record(self, action: ReToolAction, observation: ReToolObservation) -> tuple:
         traj = self.trajectory
+        assert traj is not None, "reset() starts an episode"
         traj.append_model(action.token_ids, action.logprobs)
         traj.append_env(observation.token_ids)
-        if observation.done:  # the server's record is the authority: tool calls, grade, reward
+        if observation.done and observation.trajectory is not None:  # the server's record is the authority
             final = trajectory_from_dict(observation.trajectory)
             if final.completion_ids != traj.completion_ids:
                 raise RuntimeError("the served trajectory differs from the tokens this client sent and received")

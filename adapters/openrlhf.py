@@ -82,6 +82,7 @@ class ReToolAgentInstance(AgentInstanceBase):
         feedback = "" if done else self.tokenizer.decode(obs_ids.tolist(), skip_special_tokens=False)
         retokenized = self.tokenizer(text=feedback, add_special_tokens=False)["input_ids"]
         traj = self.env.trajectory
+        assert traj is not None
         extra_logs = {"num_tool_calls": float(traj.num_tool_calls),
                       "feedback_retokenized_mismatch": float(retokenized != obs_ids.tolist())}
         if done:

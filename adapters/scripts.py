@@ -72,7 +72,8 @@ class ScriptParser(TrlParser):
         try:
             return super().parse_args_and_config(args, **kwargs)
         except ValueError as exc:  # a field's own validation, or an unknown key in the file
-            self.error(f"{exc} (config: {_display(config)})")
+            self.error(f"{exc} (config: {_display(config)})")  # exits
+            raise  # unreachable: argparse's error exits
 
     def format_help(self) -> str:
         """The short help: the script's own arguments in full, the trainer's most used ones."""
@@ -118,7 +119,7 @@ class _Formatter(argparse.HelpFormatter):
     def _format_action_invocation(self, action: argparse.Action) -> str:
         if action.option_strings[0] == "-h":
             return ", ".join(action.option_strings)
-        return " ".join([action.option_strings[0], *([action.metavar] if action.metavar else [])])
+        return " ".join([action.option_strings[0], *([str(action.metavar)] if action.metavar else [])])
 
     def _get_help_string(self, action: argparse.Action) -> str:
         """The help, and the value in force (the config file's, else the field's default)."""

@@ -34,7 +34,7 @@ except ModuleNotFoundError as exc:
     raise ModuleNotFoundError(f"retool_adapters.skyrl needs SkyRL-gym: pip install skyrl-gym (missing {exc.name})",
                               name=exc.name) from exc
 
-from retool_env.data import Problem
+from retool_env.data import Problem, message_text
 from retool_env.env import ToolEnvironment
 from retool_env.formats import CODE_INTERPRETER_TOOL
 from retool_env.tokens import load_tokenizer
@@ -71,7 +71,7 @@ class ReToolTextEnv(BaseTextEnv):
 
     def init(self, prompt: ConversationType) -> tuple[ConversationType, dict[str, Any]]:
         """Start the episode on the prompt's last user message (the raw problem); return the environment's prompt."""
-        question = next(m["content"] for m in reversed(prompt) if m["role"] == "user")
+        question = message_text(prompt)
         problem = Problem(question=question, answer=self.ground_truth)
         self.env.reset(options={"problem": problem})
         return self.env.prompt.messages(question), {}

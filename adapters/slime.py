@@ -71,7 +71,7 @@ from typing import Any
 
 import numpy as np
 
-from retool_env.data import Problem, strip_dapo_template
+from retool_env.data import Problem, message_text, strip_dapo_template
 from retool_env.env import ToolEnvironment
 from retool_env.filters import TrajectoryFilters, has_void_turn, roc_penalty, roc_select
 from retool_env.grading import grade
@@ -82,7 +82,7 @@ from retool_env.rollout import EpisodeAborted, Generation, SamplingParams, deriv
 from retool_env.tokens import load_tokenizer
 from retool_env.trajectory import Trajectory
 
-from .generators._common import DEFAULT_SAMPLING, LogprobsMismatchError, TurnGenerator
+from .generators.base import DEFAULT_SAMPLING, LogprobsMismatchError, TurnGenerator, sampling_from_mapping
 from .generators.openai_completions import OpenAICompletionsGenerator
 
 __all__ = ["SGLangGenerator", "VLLMRouterGenerator", "drop_aborted_groups", "fill_sample", "fill_samples", "generate",
@@ -110,7 +110,9 @@ class _EngineClient(OpenAICompletionsGenerator):
         return (await self.request(prompt_ids, max_tokens=max_tokens, stop_token_ids=stop_token_ids, stop=stop,
                                    sampling=sampling))[0]
 
-    async def request(self, prompt_ids: Sequence[int], **kwargs: Any) -> tuple[Generation, dict[str, Any]]:
+    async def request(self, prompt_ids: Sequence[int], *, max_tokens: int, stop_token_ids: Sequence[int] = (),
+                      stop: Sequence[str] = (), sampling: SamplingParams = DEFAULT_SAMPLING,
+                      extra_params: Mapping[str, Any] | None = None) -> tuple[Generation, dict[str, Any]]:
         raise NotImplementedError
 
 
@@ -171,7 +173,7 @@ class VLLMRouterGenerator(_EngineClient):
     def __init__(self, base_url: str, model: str | None = None, **kwargs: Any) -> None:
         super().__init__(base_url, model=model or "", **kwargs)
         self.url = base_url.rstrip("/") + "/inference/v1/generate"
-        self.model = model
+        self.model = model or ""  # sent only when given
 
     async def request(
         self,
@@ -336,9 +338,7 @@ def _completion_budget(args: Any, env: ToolEnvironment, problem: Problem, sampli
 
 def problem_from_sample(sample: Any) -> Problem:
     """The raw problem of a slime sample: `sample.prompt` (text, or the last user message) and `sample.label`."""
-    prompt = sample.prompt
-    if not isinstance(prompt, str):
-        prompt = next(m["content"] for m in reversed(prompt) if m.get("role") == "user")
+    prompt = message_text(sample.prompt)
     if "<|im_start|>" in prompt:
         raise ValueError("sample.prompt is already chat-templated; drop --apply-chat-template (the environment "
                          "renders the prompt itself)")
@@ -361,7 +361,9 @@ def top_p_spans(traj: Trajectory, metas: Sequence[Mapping[str, Any]]) -> tuple[l
     spans: list[list[int]] = []
     for meta in metas:
         ids, offsets = _int32s(meta, _TOP_P_IDS), _int32s(meta, _TOP_P_OFFSETS)
-        if meta["num_tokens"] and (ids is None or offsets is None):
+        if ids is None or offsets is None:
+            if not meta["num_tokens"]:
+                continue  # a turn of no tokens needs no spans
             raise ValueError("the engine returned no top-p token ids for custom_params.return_top_p_token_ids; "
                              "use an SGLang with top-p replay, or --rollout-top-p 1.0")
         if meta["num_tokens"] and (len(offsets) != meta["num_tokens"] + 1 or offsets[-1] != len(ids)):
@@ -445,11 +447,7 @@ async def generate(args: Any, sample: Any, sampling_params: Mapping[str, Any], e
     aborted evaluation episode is played again up to `retool_abort_retries` times (default 2), then raises."""
     _refuse_what_cannot_be_served(args, sampling_params, evaluation)
     problem = problem_from_sample(sample)
-    seed = sampling_params.get("sampling_seed", sampling_params.get("seed"))
-    sampling = SamplingParams(temperature=float(sampling_params.get("temperature", 1.0)),
-                              top_p=float(sampling_params.get("top_p", 1.0)),
-                              top_k=int(sampling_params.get("top_k", -1)),
-                              seed=None if seed is None else int(seed))
+    sampling = sampling_from_mapping(sampling_params)
     attempts = 1 + (int(getattr(args, "retool_abort_retries", 2)) if evaluation else 0)
     for attempt in range(attempts):
         env = _take_env(args, problem)

@@ -230,9 +230,9 @@ class ReToolRollout:
             trainer._log_metric("retool/filtered_groups", len(filtered) / len(groups))
         plan = self.training_plan(trajectories, problems, roc_seed=roc_seed)
         if self.roc_down_sample is not None:
-            groups = group_indices(problems)
-            rejected = sum(all("roc_equal_reward" in plan.filters[i] for i in group) for group in groups.values())
-            trainer._log_metric("retool/roc_rejected_groups", rejected / len(groups))
+            roc_groups = group_indices(problems)
+            rejected = sum(all("roc_equal_reward" in plan.filters[i] for i in group) for group in roc_groups.values())
+            trainer._log_metric("retool/roc_rejected_groups", rejected / len(roc_groups))
             trainer._log_metric("retool/roc_dropped", sum("roc" in f for f in plan.filters) / len(trajectories))
         out = self.to_rollout_output(trajectories, problems, make_env, trl_end_tokens(trainer), plan=plan)
         if self.records_path is not None and trainer.model.training:
@@ -250,6 +250,7 @@ class ReToolRollout:
                       base_seed: int | None) -> None:
         """Append the call's episodes to `records_path` (see `retool_env.records`)."""
         if self._records is None:
+            assert self.records_path is not None
             self._records = RecordWriter.for_process(self.records_path, trainer.accelerator.process_index,
                                                      trainer.accelerator.num_processes)
         env = self._spare_env(make_env)

@@ -282,7 +282,7 @@ class ReToolRolloutWorker:
             records.append(episode_record(
                 traj, decode=env.tokenizer.decode,
                 episode_stats=None if failed else EpisodeStats.of(traj), reward_scheme=env.config.reward,
-                reward_kwargs=env.config.reward_kwargs, env_mask=mask, filtered=filtered,
+                reward_kwargs=env.config.reward_options, env_mask=mask, filtered=filtered,
                 question=self._questions.get(traj.problem_id), policy_version=min(versions, default=None),
                 seed=None if seed is None else seed + j, group=group_id, mode="train",
                 trained_reward=None if sample is None else plan.rewards[j]))
@@ -337,8 +337,8 @@ class ReToolRolloutWorker:
                 advantage=float(advantage),
                 model_version=min(versions, default=self.model_version),  # its stalest tokens
                 group_id=group_id,
-                metrics={"reward": float(traj.reward), "reward_std": reward_std,
-                         "rewards/env_reward": float(traj.reward), "rewards/correctness": float(bool(traj.correct)),
+                metrics={"reward": float(traj.reward or 0.0), "reward_std": reward_std,
+                         "rewards/env_reward": float(traj.reward or 0.0), "rewards/correctness": float(bool(traj.correct)),
                          "retool/policy_versions_per_episode": float(len(set(versions)))},
             ))
         return samples

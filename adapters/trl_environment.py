@@ -87,7 +87,7 @@ class CodeInterpreterEnvironment:
             raise ValueError("TRL's tool loop cannot end an episode at a tool timeout; keep on_timeout='feedback', "
                              "or use ReToolRollout")
         self.tools = ToolRunner(self.config, self.tokenizer)  # the rules ToolEnvironment's calls follow
-        self.reward_fn = get_reward_fn(self.config.reward, **self.config.reward_kwargs)
+        self.reward_fn = get_reward_fn(self.config.reward, **self.config.reward_options)
         self.answer: str | None = None
         self.tool_calls: list[ToolCallRecord] = []
         self.grade: Grade | None = None  # the final answer's, from grade_final_answers

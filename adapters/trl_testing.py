@@ -38,6 +38,7 @@ def build_tool_calling_qwen(out_dir: str | Path, problems: Sequence[Problem], *,
         for turn in turns:
             env.step(turn)
         traj = env.trajectory
+        assert traj is not None
         labels = [-100] * len(traj.prompt_ids) + [t if m else -100 for t, m in zip(traj.completion_ids, traj.env_mask,
                                                                                    strict=True)]
         rows.append((traj.prompt_ids + traj.completion_ids, labels))

@@ -72,7 +72,7 @@ from typing import Any
 from uuid import uuid4
 
 from retool_adapters.chat_templates import training_env_kwargs
-from retool_env.data import Problem, strip_dapo_template
+from retool_env.data import Problem, message_text, strip_dapo_template
 from retool_env.env import ToolEnvironment
 from retool_env.filters import TrajectoryFilters, has_void_turn, roc_penalty, roc_select
 from retool_env.grading import strict_box_correct
@@ -80,7 +80,7 @@ from retool_env.records import episode_record, process_record_writer
 from retool_env.rollout import EpisodeAborted, Generation, SamplingParams, derive_seed, run_episode
 from retool_env.trajectory import Trajectory
 
-from .generators._common import LogprobsMismatchError, TurnGenerator
+from .generators.base import LogprobsMismatchError, TurnGenerator, sampling_from_mapping
 
 __all__ = ["AGENT_NAME", "VerlServerGenerator", "agent_loop_fields", "agent_loop_outputs", "problem_from_row"]
 
@@ -163,7 +163,7 @@ def problem_from_row(row: Mapping[str, Any]) -> Problem:
     extra = row.get("extra_info") or {}
     question = extra.get("question")
     if question is None:
-        question = next(m["content"] for m in reversed(list(row["raw_prompt"])) if m["role"] == "user")
+        question = message_text(list(row["raw_prompt"]))
     answer = (row.get("reward_model") or {}).get("ground_truth", extra.get("answer", ""))
     return Problem(question=strip_dapo_template(str(question)), answer=str(answer),
                    id=str(extra.get("index", row.get("index", ""))))
@@ -173,7 +173,7 @@ def reward_extra_info(traj: Trajectory, verl_text: str | None = None) -> dict[st
     """What verl's reward managers return beside the score, for its metrics (`acc` is the accuracy verl's
     validation reports as `val-core`). `verl_strict_acc` is verl's `math_dapo` strict box verdict on `verl_text`,
     the whole response decoded as verl's reward manager decodes it, where the environment grades the answer turn."""
-    info = {"acc": float(bool(traj.correct)), "score": float(traj.reward), "num_tool_calls": float(traj.num_tool_calls),
+    info = {"acc": float(bool(traj.correct)), "score": float(traj.reward or 0.0), "num_tool_calls": float(traj.num_tool_calls),
             "retool/void_turn_ratio": float(has_void_turn(traj)), "retool/roc_penalty": roc_penalty(traj)}
     if verl_text is not None:
         info["verl_strict_acc"] = float(strict_box_correct(verl_text, traj.gold))
@@ -266,9 +266,7 @@ else:
             problem = problem_from_row(kwargs)
             priority = int(priority)  # may arrive as np.int64 from the non-tensor batch
             with_logprobs = bool(sampling_params.get("logprobs"))
-            sampling = SamplingParams(temperature=float(sampling_params.get("temperature", 1.0)),
-                                      top_p=float(sampling_params.get("top_p", 1.0)),
-                                      top_k=int(sampling_params.get("top_k", -1)))
+            sampling = sampling_from_mapping(sampling_params)
             start = time.perf_counter()
             for attempt in range(self.abort_retries + 1):
                 generator = self._generator(sampling_params, priority)

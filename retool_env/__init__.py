@@ -28,6 +28,13 @@ _EXPORTS = {
     "make_sandbox": "retool_env.sandbox",
     "run_episode": "retool_env.rollout",
     "run_episodes": "retool_env.rollout",
+    # Extension points (docs/extending.md): what a generation backend, a template or a prompt reader builds on.
+    "Generation": "retool_env.rollout",
+    "Generator": "retool_env.rollout",
+    "SamplingParams": "retool_env.rollout",
+    "Conversation": "retool_env.chat",
+    "with_chat_template": "retool_env.chat",
+    "message_text": "retool_env.data",
 }
 __all__ = sorted(_EXPORTS)
 

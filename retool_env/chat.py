@@ -22,7 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from retool_env.tokens import encode, encode_text, has_added_token_text
+from retool_env.tokens import Tokenizer, encode, encode_text, has_added_token_text
+
+__all__ = ["Conversation", "NextContext", "chat_template_names", "resolve_chat_template", "with_chat_template"]
 
 SHIPPED_TEMPLATES = Path(__file__).parent / "chat_templates"
 SAMPLE_MODES = ("episode", "turn")
@@ -57,7 +59,7 @@ def resolve_chat_template(spec: str) -> str:
                      f"{', '.join(chat_template_names())}")
 
 
-def with_chat_template(tokenizer: Any, chat_template: str | None) -> Any:
+def with_chat_template(tokenizer: Tokenizer, chat_template: str | None) -> Tokenizer:
     """The tokenizer rendering with `chat_template`: a shallow copy, so the caller's tokenizer (often shared with
     a trainer) keeps its own template."""
     if chat_template is None:
@@ -83,7 +85,7 @@ class NextContext:
 class Conversation:
     """An episode's chat messages and the text the template renders for them."""
 
-    def __init__(self, tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+    def __init__(self, tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                  turn_end: str, chat_template_kwargs: dict[str, Any] | None = None) -> None:
         self.tokenizer = tokenizer
         self.tools = tools
@@ -113,7 +115,7 @@ class Conversation:
         content = tool_message.get("content")
         message = self.assistant_message(reasoning + (content or ""), split)
         if content is None and message.get("content") == "":
-            message["content"] = None
+            return {**tool_message, **message, "content": None, "tool_calls": tool_message["tool_calls"]}
         return {**tool_message, **message, "tool_calls": tool_message["tool_calls"]}
 
     def assistant_message(self, model_text: str, reasoning_field: bool | None = None) -> dict[str, str]:
@@ -192,7 +194,8 @@ class Conversation:
     def _segments(self, messages: list[dict[str, Any]], text: str) -> list[tuple[str, bool]] | None:
         """`text` (the rendering of `messages`) cut into the template's own pieces (True) and tool results (False),
         found by rendering markers in place of the results; None if the results are not where the markers are."""
-        contents, marked_messages = [], []
+        contents: list[str] = []
+        marked_messages: list[dict[str, Any]] = []
         for message in messages:
             if message.get("role") == "tool":
                 marked_messages.append({**message, "content": self._tool_marker.format(len(contents))})

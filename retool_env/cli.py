@@ -38,6 +38,7 @@ def _sandbox_serve(args: argparse.Namespace) -> int:
         # Ctrl-C and `kill` both stop the server cleanly; set explicitly, because a server started in the background
         # (`retool-env sandbox serve &`) inherits SIGINT ignored, and SIGTERM would otherwise skip the cleanup.
         loop, task = asyncio.get_running_loop(), asyncio.current_task()
+        assert task is not None  # a coroutine run by asyncio.run
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, task.cancel)
         with contextlib.suppress(asyncio.CancelledError):

@@ -77,12 +77,18 @@ class EnvConfig:
                 "history, each context exactly as the template renders it, append-only turns merged."})
 
     def __post_init__(self) -> None:
-        if isinstance(self.reward_kwargs, str):  # from the command line
-            self.reward_kwargs = json.loads(self.reward_kwargs)
-        self.reward_kwargs = dict(self.reward_kwargs or {})
-        if isinstance(self.chat_template_kwargs, str):
-            self.chat_template_kwargs = json.loads(self.chat_template_kwargs)
-        self.chat_template_kwargs = dict(self.chat_template_kwargs or {})
+        self.reward_kwargs = _mapping(self.reward_kwargs)  # JSON text from the command line, a mapping from YAML
+        self.chat_template_kwargs = _mapping(self.chat_template_kwargs)
+
+    @property
+    def reward_options(self) -> dict[str, Any]:
+        """`reward_kwargs` as a dict (the field also takes JSON text, which `__post_init__` decodes)."""
+        return _mapping(self.reward_kwargs)
+
+    @property
+    def template_kwargs(self) -> dict[str, Any]:
+        """`chat_template_kwargs` as a dict (the field also takes JSON text, which `__post_init__` decodes)."""
+        return _mapping(self.chat_template_kwargs)
 
     @classmethod
     def from_settings(cls, settings: Any, **overrides: Any) -> EnvConfig:
@@ -139,3 +145,8 @@ def _argument_type(annotation: str) -> Callable[[str], Any]:
     if kind == "bool":
         return lambda text: text.strip().lower() in ("1", "true", "yes", "on")
     return {"int": int, "float": float}.get(kind, str)
+
+
+def _mapping(value: dict | str | None) -> dict[str, Any]:
+    """A dict of options given as a mapping, JSON text or nothing."""
+    return dict(json.loads(value) if isinstance(value, str) else value or {})

@@ -154,10 +154,10 @@ class ToolEnvironment(gym.Env):
         self.episode_config = self.config  # with `reset(options=...)`'s overrides for the current episode
         self.tokenizer = with_chat_template(load_tokenizer(tokenizer), self.config.chat_template)
         self.problems = load_dataset_problems(dataset, split=split)
-        self.format = make_format(self.config.tool_format, self.tokenizer, self.config.chat_template_kwargs)
+        self.format = make_format(self.config.tool_format, self.tokenizer, self.config.template_kwargs)
         self.prompt = get_prompt(self.config.prompt or self.format.default_prompt)
         self.tools = ToolRunner(self.config, self.tokenizer)  # budget, sandbox and observation text of a tool call
-        self.reward_fn = get_reward_fn(self.config.reward, **self.config.reward_kwargs)
+        self.reward_fn = get_reward_fn(self.config.reward, **self.config.reward_options)
         self.render_mode = render_mode
         self.vocab_size = vocab_size or len(self.tokenizer)
         self.action_space = spaces.Sequence(spaces.Discrete(self.vocab_size), stack=True)
@@ -198,7 +198,7 @@ class ToolEnvironment(gym.Env):
             self.problem = self.problems[int(options["index"])]
         else:
             self.problem = self.problems[int(self.np_random.integers(len(self.problems)))]
-        template_kwargs = config.chat_template_kwargs
+        template_kwargs = config.template_kwargs
         messages = prompt_messages(self.prompt, self.problem.question, self.format.system_prompt)
         if self.format.system_prompt is None and not template_kwargs:
             prompt_ids = render_prompt(self.tokenizer, self.prompt, self.problem.question, self.format.tools)
@@ -207,6 +207,7 @@ class ToolEnvironment(gym.Env):
                 messages, tools=self.format.tools or None, add_generation_prompt=True, tokenize=True,
                 return_dict=False, **template_kwargs))
         if self.format.tool_turns:  # tool results are turns the chat template renders, after the model's
+            assert self.format.turn_end is not None  # every format with tool turns finds its turn end
             self._conversation = Conversation(self.tokenizer, messages, self.format.tools, self.format.turn_end,
                                               template_kwargs)
         if config.max_model_len is not None and len(prompt_ids) >= config.max_model_len:
@@ -249,6 +250,7 @@ class ToolEnvironment(gym.Env):
             if observed is not None:
                 return observed
             pending = True
+        assert self.problem is not None
         outcome = self._finish(await agrade(self._answer_text, self.problem.answer), truncated=pending)
         if self._session is not None:
             session, self._session = self._session, None
@@ -263,6 +265,7 @@ class ToolEnvironment(gym.Env):
             raise RuntimeError("the episode has ended; call reset() to start a new one")
         token_ids, logprobs, finish_reason = self._split_action(action)
         traj = self.trajectory
+        assert traj is not None, "reset() starts an episode"
         room = self._room()
         overrun = len(token_ids) > room  # a generator that ignored the budget: keep what fits, then end the episode
         if overrun:
@@ -311,6 +314,7 @@ class ToolEnvironment(gym.Env):
     def _observe(self, pending: _PendingTools, records: list[ToolCallRecord]) -> tuple | None:
         """Record the tool results and append their rendering; None when it does not fit (the episode ends)."""
         traj, config = self.trajectory, self.episode_config
+        assert traj is not None, "reset() starts an episode"
         traj.tool_calls.extend(records)
         if self.tools.aborts(records):
             traj.finish_reason = "tool_timeout"  # graded on what the model wrote, as the token budget's end is
@@ -345,6 +349,7 @@ class ToolEnvironment(gym.Env):
                                                parsed.tool_message, parsed.end_text)
         if after.rewritten is None or self.config.sample_mode == "turn":
             return after.appended, after.rewritten
+        assert self.trajectory is not None
         if not self.trajectory.rewritten_turns:
             warnings.warn("the chat template rewrote an earlier turn of the conversation, so the episode's tokens "
                           "differ from what the template renders (counted in trajectory.rewritten_turns); use a "
@@ -356,6 +361,7 @@ class ToolEnvironment(gym.Env):
     # ------------------------------------------------------------------------------------------------ the end
     def _finish(self, result: Grade, truncated: bool) -> tuple:
         traj = self.trajectory
+        assert traj is not None, "reset() starts an episode"
         traj.truncated = truncated
         traj.correct, traj.pred, traj.strict_correct = result.correct, result.pred, result.strict_correct
         traj.graded_text = self._answer_text
@@ -365,11 +371,13 @@ class ToolEnvironment(gym.Env):
 
     def episode_stats(self) -> EpisodeStats:
         """What the reward scheme was given for the episode (`EpisodeStats.of` its trajectory)."""
+        assert self.trajectory is not None, "reset() starts an episode"
         return EpisodeStats.of(self.trajectory)
 
     def _room(self) -> int:
         """Tokens the next turn may hold before the completion budget or the context cap runs out."""
         traj, config = self.trajectory, self.episode_config
+        assert traj is not None, "reset() starts an episode"
         room = config.max_completion_tokens - traj.completion_length
         if config.max_model_len is not None:
             room = min(room, config.max_model_len - traj.context_length)
@@ -381,8 +389,9 @@ class ToolEnvironment(gym.Env):
 
     def _info(self) -> dict[str, Any]:
         traj = self.trajectory
+        assert traj is not None, "reset() starts an episode"
         info = {
-            "problem_id": self.problem.id,
+            "problem_id": self.problem.id if self.problem is not None else "",
             "stop_token_ids": self.format.stop_token_ids,
             "stop": self.format.stop_strings,
             "max_new_tokens": self._max_new_tokens(),

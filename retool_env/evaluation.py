@@ -63,7 +63,7 @@ def majority_vote(preds: Sequence[str | None]) -> int | None:
             continue
         key = normalize_answer(pred)[0]
         for cluster, other in zip(clusters, keys, strict=True):
-            if key == other or is_equivalent(pred, preds[cluster[0]]):
+            if key == other or is_equivalent(pred, str(preds[cluster[0]])):
                 cluster.append(i)
                 break
         else:
@@ -260,7 +260,7 @@ def compute_metrics(problems: Sequence[Any], trajectories: Sequence[Any], n_samp
     for problem, group in groups:
         if problem.level is not None:
             by_level[str(problem.level)].append((problem, group))
-    metrics["by_level"] = {level: _summary(by_level[level], n_samples, ks) for level in _level_order(by_level)}
+    metrics["by_level"] = {level: _summary(by_level[level], n_samples, ks) for level in _level_order(list(by_level))}
     return metrics
 
 

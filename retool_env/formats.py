@@ -41,10 +41,10 @@ from retool_env.dialects import (
     tool_system_prompt,
 )
 from retool_env.reasoning import split_reasoning
+from retool_env.tokens import Tokenizer, encode_text, has_added_token_text
 from retool_env.tokens import clip_tokens as clip_tokens  # also importable from here
 from retool_env.tokens import decode as decode
 from retool_env.tokens import encode as encode
-from retool_env.tokens import encode_text, has_added_token_text
 
 logger = logging.getLogger(__name__)
 
@@ -134,9 +134,10 @@ class ToolFormat(ABC):
     tool_turns: bool  # results are chat turns the template renders (`tool_messages`), else inline in the model's turn
     calls_in_reasoning: bool = False  # calls are read inside a think block too (else only from the content after it)
     turn_end_id: int | None = None  # the template's end-of-turn token, inserted when a call turn ends otherwise
+    turn_end: str | None = None  # its text, for formats whose results are chat turns (`tool_turns`)
     system_prompt: str | None = None  # tool schemas and call format, for a template that does not render `tools`
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         ends = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
         ends = [i for i in [tokenizer.eos_token_id, *ends] if isinstance(i, int) and i != tokenizer.unk_token_id]
@@ -181,6 +182,10 @@ class ToolFormat(ABC):
     @abstractmethod
     def observation_ids(self, outputs: list[str]) -> list[int]:
         """Tokens that follow the model's turn: the rendered interpreter outputs, ready for the next generation."""
+
+    def tool_messages(self, outputs: list[str]) -> list[dict[str, Any]]:
+        """The tool results as chat messages, for formats whose results are turns the template renders."""
+        raise NotImplementedError(f"the {self.name} format renders tool results inline, not as chat turns")
 
     @staticmethod
     @abstractmethod
@@ -294,7 +299,8 @@ def tool_call_blocks(text: str, open_tag: str = "<tool_call>", close_tag: str = 
                      ) -> tuple[list[str], bool]:
     """The contents of each `open_tag ... close_tag` block in order, and whether an opened block is left unclosed.
     Linear: one forward scan (a lazy regex rescans to the end from every unclosed opener)."""
-    blocks, position = [], 0
+    blocks: list[str] = []
+    position = 0
     while (start := text.find(open_tag, position)) >= 0:
         end = text.find(close_tag, start + len(open_tag))
         if end < 0:
@@ -315,7 +321,7 @@ class HermesFormat(ToolFormat):
     tool_turns = True
     _DUMMY = "<<retool-env-dummy>>"
 
-    def __init__(self, tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(self, tokenizer: Tokenizer, chat_template_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__(tokenizer)
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         if not getattr(tokenizer, "chat_template", None):
@@ -326,11 +332,12 @@ class HermesFormat(ToolFormat):
         head_text = self._render(self._head, add_generation_prompt=False)
         after_content = head_text[head_text.index(self._DUMMY) + len(self._DUMMY):]
         # The template's end-of-turn marker (e.g. "<|im_end|>") is what the model emits; what follows is glue.
-        self.turn_end = next((t for t in tokenizer.all_special_tokens if after_content.startswith(t)), None)
-        if self.turn_end is None:
+        turn_end = next((t for t in tokenizer.all_special_tokens if after_content.startswith(t)), None)
+        if turn_end is None:
             raise ValueError(f"cannot find the end-of-turn token after an assistant message in the chat template "
                              f"(it renders {after_content[:40]!r})")
-        self.turn_end_id = self.encode(self.turn_end)[0]
+        self.turn_end: str = turn_end
+        self.turn_end_id: int = self.encode(turn_end)[0]
         self.shape = tool_call_shape(tokenizer.chat_template, "hermes")  # how the template reads `tool_calls`
         if not renders_tools(tokenizer.chat_template):  # e.g. DeepSeek-R1-Distill: the prompt must show the tool
             self.system_prompt = tool_system_prompt("hermes", [CODE_INTERPRETER_TOOL])
@@ -495,7 +502,7 @@ class DialectFormat(ToolFormat):
     tool_turns = True
     dialect: Dialect
 
-    def __init__(self, tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(self, tokenizer: Tokenizer, chat_template_kwargs: dict[str, Any] | None = None) -> None:
         template = getattr(tokenizer, "chat_template", None)
         if not isinstance(template, str) or not template:
             raise ValueError(f"the {self.name} format renders tool results with the tokenizer's chat template, and "
@@ -520,11 +527,12 @@ class DialectFormat(ToolFormat):
         head_text = self._render(head, add_generation_prompt=False)
         after_content = head_text[head_text.index(HermesFormat._DUMMY) + len(HermesFormat._DUMMY):].lstrip("\n")
         special = sorted(set(tokenizer.all_special_tokens) | added, key=len, reverse=True)
-        self.turn_end = next((t for t in special if after_content.startswith(t)), None)
-        if self.turn_end is None:
+        turn_end = next((t for t in special if after_content.startswith(t)), None)
+        if turn_end is None:
             raise ValueError(f"cannot find the end-of-turn token after an assistant message in the chat template "
                              f"(it renders {after_content[:40]!r})")
-        self.turn_end_id = self.encode(self.turn_end)[0]
+        self.turn_end: str = turn_end
+        self.turn_end_id: int = self.encode(turn_end)[0]
         if self.turn_end_id not in self.end_token_ids:
             self.end_token_ids.append(self.turn_end_id)
         self._call_ends = {self.turn_end_id, *(tokenizer.convert_tokens_to_ids(t) for t in self.dialect.stop_strings
@@ -567,7 +575,7 @@ class DialectFormat(ToolFormat):
                 continue
             code = strip_code_fences(code)
             calls.append(ToolCall(code) if code.strip() else ToolCall(None, "the code is empty."))
-            function_calls.append(FunctionCall(call.name or TOOL_NAME, call.arguments))
+            function_calls.append(FunctionCall(call.name or TOOL_NAME, call.arguments or {}))
         if turn.unfinished:
             if not ended:  # cut off inside a call: the turn is unfinished, and no answer
                 return ParsedAction(tuple(calls), complete=False, in_call=True)
@@ -588,7 +596,7 @@ class DialectFormat(ToolFormat):
         return ParsedAction((), complete=False)
 
     @classmethod
-    def call_text(cls, code: str) -> str:  # type: ignore[override]
+    def call_text(cls, code: str) -> str:
         return cls.dialect.call_text([FunctionCall(TOOL_NAME, {"code": code})])
 
     @staticmethod
@@ -639,7 +647,7 @@ def format_class(tool_format: str) -> type[ToolFormat]:
                          f"{', '.join(sorted({*FORMATS, *DIALECTS}))}") from None
 
 
-def resolve_tool_format(tool_format: str, tokenizer: Any) -> str:
+def resolve_tool_format(tool_format: str, tokenizer: Tokenizer) -> str:
     """The format `tool_format="auto"` means for this tokenizer: the dialect its chat template writes tool calls
     in (hermes when that is the `<tool_call>` JSON form, or when the template shows no tool-call syntax), and the
     paper's `retool` when the tokenizer has no chat template. Logged once per choice."""
@@ -662,7 +670,7 @@ def _log_choice(chosen: str, why: str) -> None:
     logger.info("tool_format='auto' chose %r: %s", chosen, why)
 
 
-def make_format(tool_format: str | ToolFormat, tokenizer: Any,
+def make_format(tool_format: str | ToolFormat, tokenizer: Tokenizer,
                 chat_template_kwargs: dict[str, Any] | None = None) -> ToolFormat:
     """The format of a name (`auto`: picked from the chat template, see `resolve_tool_format`) for `tokenizer`."""
     if isinstance(tool_format, ToolFormat):

@@ -8,7 +8,8 @@ paper's inline `<code>` format). The problem must be the raw statement: an alrea
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+from retool_env.tokens import Tokenizer
 
 # The ReTool paper's code-interpreter prompt (ReTool-SFT's `ci_user_prompt_template_v3`), one user message.
 RETOOL_USER = """Solve the following problem step by step. You now have the ability to selectively write executable Python code to enhance your reasoning process. The Python code will be executed by an external sandbox, and the output (wrapped in `<interpreter>output_str</interpreter>`) can be returned to aid your reasoning and help you arrive at the final answer. The Python code should be complete scripts, including necessary imports. 
@@ -74,7 +75,7 @@ def get_prompt(prompt: str | PromptTemplate) -> PromptTemplate:
     return PROMPTS[prompt]
 
 
-def render_prompt(tokenizer: Any, template: PromptTemplate, problem: str, tools: list[dict] | None) -> list[int]:
+def render_prompt(tokenizer: Tokenizer, template: PromptTemplate, problem: str, tools: list[dict] | None) -> list[int]:
     """Token ids of the chat prompt, ending with the assistant generation header. Templated exactly once."""
     ids = tokenizer.apply_chat_template(template.messages(problem), tools=tools or None, add_generation_prompt=True,
                                         tokenize=True, return_dict=False)

@@ -109,8 +109,9 @@ async def run_episode(
         if require_logprobs and generation.logprobs is None:
             raise EpisodeAborted("the generator returned no logprobs")
         versions = {turn.policy_version for turn in traj.turns} | {generation.policy_version}
-        if not partial_rollout and len(versions - {None}) > 1:
-            raise EpisodeAborted(f"the policy changed mid-episode (versions {sorted(versions - {None})}) and "
+        known = {v for v in versions if v is not None}
+        if not partial_rollout and len(known) > 1:
+            raise EpisodeAborted(f"the policy changed mid-episode (versions {sorted(known)}) and "
                                  f"partial_rollout is off")
         action = {"token_ids": generation.token_ids, "logprobs": generation.logprobs,
                   "finish_reason": generation.finish_reason}

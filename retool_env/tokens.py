@@ -13,12 +13,44 @@ from __future__ import annotations
 import contextlib
 import re
 import weakref
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What `retool_env` needs of a tokenizer; a Hugging Face tokenizer (`PreTrainedTokenizerBase`, fast or slow)
+    has all of it. Read with `getattr` where present: `backend_tokenizer` (the Rust tokenizer, used directly on the
+    step path) and `clean_up_tokenization_spaces`."""
+
+    chat_template: Any  # the Jinja text, or None (a dict of named templates in some tokenizers)
+
+    @property
+    def eos_token_id(self) -> int | None: ...
+
+    @property
+    def unk_token_id(self) -> int | None: ...
+
+    @property
+    def all_special_tokens(self) -> list[str]: ...
+
+    def encode(self, text: str, *args: Any, **kwargs: Any) -> list[int]: ...
+
+    def decode(self, token_ids: Any, *args: Any, **kwargs: Any) -> str: ...
+
+    def apply_chat_template(self, conversation: Any, *args: Any, **kwargs: Any) -> Any: ...
+
+    def convert_tokens_to_ids(self, tokens: Any) -> Any: ...
+
+    def get_added_vocab(self) -> dict[str, int]: ...
+
+    def __len__(self) -> int: ...
+
 
 _added_patterns: weakref.WeakKeyDictionary[Any, re.Pattern[str] | None] = weakref.WeakKeyDictionary()
 
 
-def load_tokenizer(tokenizer: Any) -> Any:
+def load_tokenizer(tokenizer: Tokenizer | str) -> Tokenizer:
     """A tokenizer object, or one loaded by name or path with transformers."""
     if not isinstance(tokenizer, str):
         return tokenizer
@@ -31,7 +63,7 @@ def load_tokenizer(tokenizer: Any) -> Any:
                          f"tokenizer object such as retool_env.offline.qwen_tokenizer())") from exc
 
 
-def encode(tokenizer: Any, text: str) -> list[int]:
+def encode(tokenizer: Tokenizer, text: str) -> list[int]:
     """Token ids of text the environment or the template wrote (no BOS/EOS added, added tokens parsed); straight
     to the Rust tokenizer when there is one (it is on every step's path, and transformers' wrapper costs
     milliseconds on long texts)."""
@@ -41,7 +73,7 @@ def encode(tokenizer: Any, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-def decode(tokenizer: Any, ids: list[int], skip_special_tokens: bool = False) -> str:
+def decode(tokenizer: Tokenizer, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
     """Text of token ids, exactly as the tokenizer's own `decode` gives it (see `encode` for why direct)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
@@ -49,7 +81,7 @@ def decode(tokenizer: Any, ids: list[int], skip_special_tokens: bool = False) ->
     return tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
 
-def added_token_pattern(tokenizer: Any) -> re.Pattern[str] | None:
+def added_token_pattern(tokenizer: Tokenizer) -> re.Pattern[str] | None:
     """A pattern matching any added token's text (special or not), longest first; None if there are none."""
     try:
         return _added_patterns[tokenizer]
@@ -59,20 +91,20 @@ def added_token_pattern(tokenizer: Any) -> re.Pattern[str] | None:
     get_added = getattr(tokenizer, "get_added_vocab", None)
     if callable(get_added):
         strings.update(get_added())
-    strings = sorted((s for s in strings if s), key=len, reverse=True)
-    pattern = re.compile("|".join(map(re.escape, strings))) if strings else None
+    texts = sorted((s for s in strings if s), key=len, reverse=True)
+    pattern = re.compile("|".join(map(re.escape, texts))) if texts else None
     with contextlib.suppress(TypeError):  # not weakly referenceable: computed each time
         _added_patterns[tokenizer] = pattern
     return pattern
 
 
-def has_added_token_text(tokenizer: Any, text: str) -> bool:
+def has_added_token_text(tokenizer: Tokenizer, text: str) -> bool:
     """Whether `encode` would read an added token (`<|im_end|>`, `<tool_call>`...) somewhere in `text`."""
     pattern = added_token_pattern(tokenizer)
     return pattern is not None and pattern.search(text) is not None
 
 
-def encode_text(tokenizer: Any, text: str) -> list[int]:
+def encode_text(tokenizer: Tokenizer, text: str) -> list[int]:
     """Token ids of untrusted text with every added token's text split into ordinary tokens.
 
     Each occurrence of an added token's text is cut after its first character, and the pieces are encoded apart:
@@ -89,7 +121,7 @@ def encode_text(tokenizer: Any, text: str) -> list[int]:
     return [i for piece in pieces for i in tokenizer.encode(piece, add_special_tokens=False)]
 
 
-def clip_tokens(text: str, tokenizer: Any, max_tokens: int) -> str:
+def clip_tokens(text: str, tokenizer: Tokenizer, max_tokens: int) -> str:
     """Keep the head and the tail of a long output around a marker saying what was cut, so that the result,
     marker included, holds at most `max_tokens` tokens as `encode_text` counts them (as observations encode it).
     A budget too small for the marker keeps the head alone."""
@@ -110,7 +142,7 @@ def _omitted(n: int) -> str:
     return f"\n... [{n} tokens omitted] ...\n"
 
 
-def _clipped(ids: list[int], tokenizer: Any, keep: int) -> str:
+def _clipped(ids: list[int], tokenizer: Tokenizer, keep: int) -> str:
     """The head and tail of `ids` around the omission marker, `keep` tokens in all, the marker counted."""
     room = keep - len(encode_text(tokenizer, _omitted(len(ids))))  # the longest count it could state
     if room < 2:

@@ -8,6 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
+bash scripts/typecheck.sh
 .venv/bin/python -m pytest -q "$@"
 if [ "$(id -u)" = 0 ]; then
     isolation_suites=(tests/test_sandbox_isolation.py tests/test_sandbox_adversarial.py)

@@ -1,9 +1,11 @@
-"""The README runs as written: every ```python block is complete (it compiles, with no top-level await) and, unless
-its first line says what else it needs (`# Needs ...`: a GPU, the Hub, a framework, a server), runs offline on a CPU
-from the repository root; every command line of the training scripts in a ```bash block parses."""
+"""The README and the pages in docs/ run as written: every ```python block is complete (it compiles, with no
+top-level await) and, unless its first line says what else it needs (`# Needs ...`: a GPU, the Hub, a framework, a
+server), runs offline on a CPU from the repository root; every command line of the training scripts in a ```bash
+block parses."""
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import shlex
@@ -14,28 +16,66 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
-def blocks(language: str) -> list[tuple[str, str]]:
-    """(section heading, code) of each fenced block in that language, in order."""
-    found, heading = [], "top"
-    for match in re.finditer(rf"^(#{{2,4}} [^\n]*)$|^```{language}\n(.*?)^```$", README, flags=re.M | re.S):
-        if match.group(1):
-            heading = match.group(1).lstrip("# ")
-        else:
-            found.append((heading, match.group(2)))
+def blocks(language: str, pages: list[Path] = PAGES) -> list[tuple[str, str]]:
+    """(page: section heading, code) of each fenced block in that language, in order."""
+    found = []
+    for page in pages:
+        heading = "top"
+        text = page.read_text()
+        for match in re.finditer(rf"^(#{{2,4}} [^\n]*)$|^```{language}\n(.*?)^```$", text, flags=re.M | re.S):
+            if match.group(1):
+                heading = match.group(1).lstrip("# ")
+            else:
+                found.append((f"{page.relative_to(ROOT)}: {heading}", match.group(2)))
     return found
 
 
 PYTHON = blocks("python")
-IDS = [f"{i}-{re.sub(r'[^a-z0-9]+', '-', heading.lower()).strip('-')}" for i, (heading, _) in enumerate(PYTHON)]
+IDS = [f"{i}-{re.sub(r'[^a-z0-9]+', '-', where.lower()).strip('-')}" for i, (where, _) in enumerate(PYTHON)]
 
 
-def test_the_readme_has_python_blocks_and_marks_the_ones_it_does_not_run():
+def test_the_pages_have_python_blocks_and_mark_the_ones_they_do_not_run():
     assert len(PYTHON) >= 15
+    assert blocks("python", [ROOT / "README.md"]), "the README keeps a runnable example"
     needs = [code for _, code in PYTHON if code.startswith("# Needs ")]
     assert 0 < len(needs) < len(PYTHON) // 2
+
+
+def test_the_readme_links_every_page_in_docs():
+    readme = (ROOT / "README.md").read_text()
+    pages = sorted((ROOT / "docs").glob("*.md"))
+    assert pages
+    assert [p.name for p in pages if f"](docs/{p.name})" not in readme] == []
+
+
+def test_relative_links_between_pages_point_at_files_that_exist():
+    for page in PAGES:
+        for target in re.findall(r"\]\(([^)\s#]+)(?:#[^)\s]*)?\)", page.read_text()):
+            if "://" not in target:
+                assert (page.parent / target).exists(), f"{page.relative_to(ROOT)} links to missing {target}"
+
+
+def private_imports(code: str) -> list[str]:
+    """The names a block imports from another package's private module or as a private name (`_common`,
+    `_helper`)."""
+    found = []
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module != "__future__":
+            parts = [*node.module.split("."), *(alias.name for alias in node.names)]
+            found += [f"{node.module}: {p}" for p in parts if p.startswith("_")]
+        elif isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names if any(p.startswith("_") for p in alias.name.split("."))]
+    return found
+
+
+def test_the_extension_examples_need_only_public_names():
+    examples = blocks("python", [ROOT / "docs" / "extending.md"])
+    assert len(examples) >= 4  # a tool format, a reward, a sandbox backend, a framework adapter
+    assert [found for _, code in examples if (found := private_imports(code))] == []
+    assert private_imports("from retool_adapters.generators._common import TurnGenerator")  # the check can fail
 
 
 @pytest.mark.parametrize("code", [code for _, code in PYTHON], ids=IDS)
@@ -43,7 +83,7 @@ def test_python_block_runs(code, tmp_path):
     compile(code, "README.md", "exec")  # a complete program: no top-level await, no syntax of a fragment
     if code.startswith("# Needs "):
         pytest.skip(code.splitlines()[0])
-    (tmp_path / "tests").symlink_to(ROOT / "tests")  # the fixtures, by the README's relative paths; outputs stay here
+    (tmp_path / "tests").symlink_to(ROOT / "tests")  # the fixtures, by the pages' relative paths; outputs stay here
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=280)
@@ -51,7 +91,7 @@ def test_python_block_runs(code, tmp_path):
 
 
 def script_commands() -> list[list[str]]:
-    """The training scripts' command lines in the README's bash blocks: [script, *arguments]."""
+    """The training scripts' command lines in the pages' bash blocks: [script, *arguments]."""
     commands = []
     for _, code in blocks("bash"):
         for line in code.replace("\\\n", " ").splitlines():
@@ -82,6 +122,6 @@ def test_script_command_line_parses(command, monkeypatch):
     make_parser().parse_args_and_config(args)
 
 
-def test_the_readme_names_every_command_it_promises():
+def test_the_pages_name_every_command_they_promise():
     commands = {" ".join(c[:1]) for c in script_commands()}
     assert commands == {"sft_trl.py", "grpo_trl.py", "eval.py"}

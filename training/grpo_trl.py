@@ -36,7 +36,7 @@ TINY_CPU_CONFIG = Path(__file__).parent / "configs" / "grpo_tiny_cpu.yaml"
 
 
 @dataclass
-class EnvArguments(EnvConfig.with_defaults(max_completion_tokens=None, taken_elsewhere=["chat_template_kwargs"])):
+class EnvArguments(EnvConfig.with_defaults(max_completion_tokens=None, taken_elsewhere=["chat_template_kwargs"])):  # type: ignore[misc]  # a dataclass built at import time (EnvConfig.with_defaults)
     """The environment (`EnvConfig`: tool format, prompt, reward, budgets, sandbox) and the problems it plays.
 
     `max_completion_tokens` defaults to GRPOConfig's `max_completion_length`, which spans every turn; GRPOConfig's own

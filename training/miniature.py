@@ -58,7 +58,7 @@ MINIATURE_ENV = EnvConfig.with_defaults(tool_format="retool", prompt="plain", ma
 
 
 @dataclass
-class Arguments(MINIATURE_ENV):
+class Arguments(MINIATURE_ENV):  # type: ignore[misc,valid-type]  # a dataclass built at import time (EnvConfig.with_defaults)
     out: str | None = field(default=None, metadata={"help": "Run folder (default: runs/miniature-<timestamp>)."})
     seeds: int = field(default=1, metadata={"help": "Run the whole pipeline for seeds seed, seed+1, ..."})
     seed: int = field(default=0, metadata={"help": "First seed."})
@@ -144,6 +144,7 @@ def run_logged(cmd: list[str], log: Path) -> None:
            "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None  # a pipe
         for line in proc.stdout:
             f.write(line)
             sys.stdout.write(line)
@@ -272,7 +273,8 @@ def run_arm(args: Arguments, seed: int, arm: str, arm_dir: Path, init_dir: Path,
               "hard": (args.text_share_hard, args.self_correct_share)}
     problems, kinds = train, coldstart_kinds(train, shares, seed)
     if arm == "text":  # the same cold start without the solutions that use code
-        problems, kinds = zip(*[(p, k) for p, k in zip(train, kinds, strict=True) if k == "text"], strict=True)
+        kept = [(p, k) for p, k in zip(train, kinds, strict=True) if k == "text"]
+        problems, kinds = [p for p, _ in kept], [k for _, k in kept]
     print(f"\n== seed {seed} / {arm}: cold-start data (code runs in the sandbox) ==", flush=True)
     counts = write_coldstart(problems, kinds, arm_dir / "coldstart.jsonl", seed)
     log({"seed": seed, "arm": arm, "event": "coldstart", "kinds": counts})

@@ -65,7 +65,7 @@ MAKERS: dict[str, Callable[[random.Random], tuple[str, str, str]]] = {
     "easy": _easy, "multiply": _multiply, "modpow": _modpow, "digitsum": _digitsum, "compose": _compose}
 
 
-def make_problems(per_level: int, seed: int, exclude: set[str] = frozenset()) -> list[Problem]:
+def make_problems(per_level: int, seed: int, exclude: set[str] | frozenset[str] = frozenset()) -> list[Problem]:
     """`per_level` problems of every level, interleaved; hard questions in `exclude` (the test set) are skipped."""
     problems = []
     for level in LEVELS:

@@ -63,7 +63,7 @@ def recovery_gain(result: dict) -> tuple[float | None, float | None]:
     evaluations are independent samples); (None, None) when either stage has no failing response."""
     stages = [(result["tool"][stage]["hard"].get("self_correction") or {}) for stage in ("after_sft", "after_rl")]
     rates = [s.get("recovered_rate") for s in stages]
-    if None in rates:
+    if rates[0] is None or rates[1] is None:
         return None, None
     return rates[1] - rates[0], math.hypot(*(s["recovered_rate_stderr"] for s in stages))
 
@@ -166,7 +166,7 @@ def seed_summary(results: list[dict]) -> list[dict]:
     table = [criteria(r) for r in results]
     summary = []
     for i, (name, _, _) in enumerate(table[0]):
-        measured = [(r["seed"], t[i][1]) for r, t in zip(results, table, strict=True) if t[i][1] is not None]
+        measured = [(r["seed"], value) for r, t in zip(results, table, strict=True) if (value := t[i][1]) is not None]
         values = [v for _, v in measured]
         pick = min if _higher_is_better(name) else max
         worst = pick(measured, key=lambda sv: sv[1]) if measured else (None, None)
@@ -211,7 +211,8 @@ def _jsonl(path: Path) -> list[dict]:
 def self_correction_samples(out: Path, limit: int = 3) -> list[str]:
     """Evaluation samples whose first tool call failed and which called the tool again (correct ones first, latest
     stage first); where evaluation shows none, one cold-start example, labelled as such, shows the pattern taught."""
-    fixed, retried = [], []
+    fixed: list[Any] = []
+    retried: list[Any] = []
     for stage in ("after_rl", "after_sft"):
         for path in sorted(out.glob(f"seed*/tool/eval-{stage}/per_problem.jsonl")):
             for record in _jsonl(path):

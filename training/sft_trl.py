@@ -31,7 +31,7 @@ TINY_CPU_CONFIG = Path(__file__).parent / "configs" / "sft_tiny_cpu.yaml"
 
 
 @dataclass
-class DataArguments(EnvConfig.with_defaults(max_completion_tokens=16384)):
+class DataArguments(EnvConfig.with_defaults(max_completion_tokens=16384)):  # type: ignore[misc]  # a dataclass built at import time (EnvConfig.with_defaults)
     """The cold-start data: where solutions come from, and the environment that replays them (`EnvConfig`: use the
     tool format and prompt the RL stage will use, and budgets generous enough for the data). A recorded solution must
     fit `max_completion_tokens` whole (longer ones are cut, then dropped), so SFT's default is longer than the

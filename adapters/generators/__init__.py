@@ -7,6 +7,9 @@ Imports are lazy: `OpenAICompletionsGenerator` needs only httpx, so a driver tal
 - `OpenAICompletionsGenerator` (openai_completions.py): any OpenAI-compatible `/v1/completions` server taking
   token-id prompts (vLLM, SGLang).
 - `TRLVLLMClientGenerator` (trl_client.py): TRL's `VLLMClient`, as GRPOTrainer's server mode holds it.
+
+A new backend subclasses `TurnGenerator` (base.py, the public base: `generate` checks the budget once, the backend
+writes `_generate`); `sampling_from_mapping` reads a framework's sampling dict. See docs/extending.md.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._common import LogprobsMismatchError
+from .base import LogprobsMismatchError, ThreadBatcher, TurnGenerator, sampling_from_mapping
 
 if TYPE_CHECKING:
     from .hf import HFGenerator
@@ -30,7 +33,7 @@ _MODULES = {
 }
 
 __all__ = ["HFGenerator", "LogprobsMismatchError", "OpenAICompletionsGenerator", "TRLVLLMClientGenerator",
-           "VLLMEngineGenerator"]
+           "ThreadBatcher", "TurnGenerator", "VLLMEngineGenerator", "sampling_from_mapping"]
 
 
 def __getattr__(name: str) -> Any:

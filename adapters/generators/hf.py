@@ -25,7 +25,7 @@ from transformers import (
 
 from retool_env.rollout import Generation, SamplingParams
 
-from ._common import GREEDY_TEMPERATURE, ThreadBatcher, TurnGenerator
+from .base import GREEDY_TEMPERATURE, ThreadBatcher, TurnGenerator
 
 LogprobsMode = Literal["raw_logprobs", "processed_logprobs"]
 
@@ -121,7 +121,7 @@ class HFGenerator(TurnGenerator):
         capture = _SampledLogprobs()
         processors = [capture, *warpers] if self.logprobs_mode == "raw_logprobs" else [*warpers, capture]
         if keyed:  # argmax of the processed scores plus Gumbel noise samples from their softmax
-            processors.append(_KeyedGumbel([r.sampling.seed for r in rows], [len(r.prompt_ids) for r in rows],
+            processors.append(_KeyedGumbel([int(r.sampling.seed or 0) for r in rows], [len(r.prompt_ids) for r in rows],
                                            prompt_width=width))
         stops = _RowStops(requests, self.tokenizer, prompt_width=width, filler_rows=len(rows) - len(requests))
         # Neutral values keep the model's generation_config defaults out (Qwen ships top_k=20, repetition_penalty=1.05);
@@ -145,7 +145,7 @@ class HFGenerator(TurnGenerator):
             )
         logprobs = capture.sampled_logprobs(sequences)[: len(requests)].tolist()
         completions = sequences[: len(requests), width:].tolist()
-        return [
+        return [  # type: ignore[misc]  # every row has ended (stops.ends is set) once generate returns
             Generation(token_ids=ids[:length], logprobs=row_logprobs[:length], finish_reason=reason)
             for ids, row_logprobs, (length, reason) in zip(completions, logprobs, stops.ends, strict=True)
         ]

@@ -10,7 +10,7 @@ import httpx
 
 from retool_env.rollout import Generation, SamplingParams
 
-from ._common import LogprobsMismatchError, TurnGenerator
+from .base import LogprobsMismatchError, TurnGenerator
 
 _RETRY_STATUS = {429, 500, 502, 503, 504}
 
@@ -42,7 +42,7 @@ class OpenAICompletionsGenerator(TurnGenerator):
         self.max_retries = max_retries
         self.extra_body = extra_body or {}
         self._given_client = client
-        self._client_args = {
+        self._client_args: dict[str, Any] = {
             "timeout": httpx.Timeout(timeout_s, pool=None),  # wait for a free connection instead of failing
             "limits": httpx.Limits(max_connections=max_connections),
         }

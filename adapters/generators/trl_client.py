@@ -10,7 +10,7 @@ from typing import Any
 
 from retool_env.rollout import Generation, SamplingParams
 
-from ._common import LogprobsMismatchError, TurnGenerator
+from .base import LogprobsMismatchError, TurnGenerator
 
 
 class TRLVLLMClientGenerator(TurnGenerator):

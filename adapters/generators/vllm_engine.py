@@ -12,7 +12,7 @@ from vllm.sampling_params import RequestOutputKind
 
 from retool_env.rollout import Generation, SamplingParams
 
-from ._common import LogprobsMismatchError, ThreadBatcher, TurnGenerator
+from .base import LogprobsMismatchError, ThreadBatcher, TurnGenerator
 
 
 class VLLMEngineGenerator(TurnGenerator):

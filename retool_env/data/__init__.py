@@ -13,7 +13,13 @@ from retool_env.data.loaders import (
 )
 from retool_env.data.problem import Problem
 from retool_env.data.sft import Segment, SFTExample, load_retool_sft, parse_retool_sft, render_sft, to_hermes, to_retool
-from retool_env.data.text import find_control_chars, repair_control_chars, strip_dapo_template, strip_retool_template
+from retool_env.data.text import (
+    find_control_chars,
+    message_text,
+    repair_control_chars,
+    strip_dapo_template,
+    strip_retool_template,
+)
 
 __all__ = [
     "ARITH_SPLITS",
@@ -31,6 +37,7 @@ __all__ = [
     "load_dataset_problems",
     "load_problems",
     "load_retool_sft",
+    "message_text",
     "parse_retool_sft",
     "read_rows",
     "render_sft",

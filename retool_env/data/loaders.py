@@ -370,7 +370,7 @@ def arrow_rows(batches: Iterable[Any], seen_prompts: set[str] | None = None) -> 
 
     for batch in batches:
         keys = _prompt_keys(batch) if seen_prompts is not None else None
-        if keys is not None:
+        if keys is not None and seen_prompts is not None:
             fresh = []
             for key in keys:
                 fresh.append(key not in seen_prompts)

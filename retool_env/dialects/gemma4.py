@@ -55,7 +55,7 @@ def read_gemma_call(body: str) -> list[RawCall]:
     if not head.strip().startswith("call:") or not brace or not name:
         return [RawCall(None, error=f"write {CALL_START}call:NAME{{key:value}}{CALL_END}")]
     converted, error = gemma_to_json("{" + rest)
-    if error is None:
+    if error is None and converted is not None:
         arguments, error = loads_json(converted)
         if error is None and not isinstance(arguments, dict):
             error = "the arguments must be an object {key:value,...}"

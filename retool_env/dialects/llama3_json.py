@@ -28,7 +28,8 @@ def read_json_sequence(text: str, separator: str = ";") -> list[RawCall]:
     """JSON call objects one after another, separated by `separator` (whitespace around it allowed)."""
     if not json_depth_ok(text):
         return [RawCall(None, error=f"the call nests deeper than {MAX_DEPTH} levels")]
-    calls, position = [], 0
+    calls: list[RawCall] = []
+    position = 0
     while position < len(text):
         try:
             call, end = _DECODER.raw_decode(text, position)

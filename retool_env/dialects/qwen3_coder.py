@@ -31,7 +31,8 @@ def _strip_layout(value: str) -> str:
 def read_function(body: str) -> list[RawCall]:
     """The `<function=NAME>` elements of one `<tool_call>` block (a block normally holds one). Read in order: a
     value runs to its `</parameter>`, so code may hold `<parameter=` or `</function>` itself."""
-    finder, calls, position = Finder(body), [], 0
+    calls: list[RawCall] = []
+    finder, position = Finder(body), 0
     while len(calls) <= MAX_CALLS:
         start = finder.find(FUNCTION, position)
         if start < 0:

@@ -117,7 +117,7 @@ class _FirstPass:
 
     def finish(self, verdict: Verdict | None = None) -> Grade:
         verdict = verdict or self.verdict
-        if verdict is None:
+        if verdict is None or self.pred is None:
             return Grade(False, self.pred, "none", strict_correct=self.strict)
         pred = self.pred if len(self.pred) <= MAX_ANSWER_CHARS else self.pred[:MAX_ANSWER_CHARS] + "..."  # for logs
         return Grade(verdict.correct, pred, verdict.method, strict_correct=self.strict, timed_out=verdict.timed_out)
@@ -135,7 +135,7 @@ def grade(model_text: str, gold: str, *, timeout: float = DEFAULT_TIMEOUT) -> Gr
     first = _first_pass(model_text, gold)
     if not first.needs_math_verify:
         return first.finish()
-    return first.finish(_math_verify_verdict(first.pred, gold, timeout))
+    return first.finish(_math_verify_verdict(str(first.pred), gold, timeout))
 
 
 _INLINE_CHARS = 4096
@@ -154,4 +154,4 @@ async def agrade(model_text: str, gold: str, *, timeout: float = DEFAULT_TIMEOUT
         first = await loop.run_in_executor(None, _first_pass, model_text, gold)
     if not first.needs_math_verify:
         return first.finish()
-    return first.finish(await loop.run_in_executor(None, _math_verify_verdict, first.pred, gold, timeout))
+    return first.finish(await loop.run_in_executor(None, _math_verify_verdict, str(first.pred), gold, timeout))

@@ -60,9 +60,11 @@ class _Worker:
             close_fds=True,
             start_new_session=True,  # a Ctrl-C aimed at the trainer does not kill a worker mid-call
         )
+        assert self.proc.stdin is not None and self.proc.stdout is not None  # both are pipes
+        self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
         self._buffer = b""
         self._poll = select.poll()  # not select.select: a trainer's descriptors can be numbered past 1024
-        self._poll.register(self.proc.stdout.fileno(), select.POLLIN)
+        self._poll.register(self.stdout.fileno(), select.POLLIN)
         self.ready = False
         count("worker_starts")
 
@@ -72,7 +74,7 @@ class _Worker:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not self._poll.poll(remaining * 1000):
                 return None
-            chunk = os.read(self.proc.stdout.fileno(), 65536)
+            chunk = os.read(self.stdout.fileno(), 65536)
             if not chunk:
                 return None
             self._buffer += chunk
@@ -90,8 +92,8 @@ class _Worker:
                 return {"error": (hello or {}).get("error", "math-verify worker failed to start")}
             self.ready = True
         try:
-            self.proc.stdin.write(json.dumps(request).encode() + b"\n")
-            self.proc.stdin.flush()
+            self.stdin.write(json.dumps(request).encode() + b"\n")
+            self.stdin.flush()
         except OSError:
             return None
         return self._read_line(time.monotonic() + timeout)
@@ -101,7 +103,7 @@ class _Worker:
             self.proc.kill()
         with contextlib.suppress(Exception):
             self.proc.wait(timeout=5)
-        for stream in (self.proc.stdin, self.proc.stdout):
+        for stream in (self.stdin, self.stdout):
             with contextlib.suppress(OSError):
                 stream.close()
 

@@ -12,7 +12,7 @@ import asyncio
 import math
 from dataclasses import asdict, dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 
 class ToolStatus(str, Enum):
@@ -87,7 +87,7 @@ class ExecResult:
 
     @classmethod
     def failure(cls, status: ToolStatus | str, note: str, **kw: Any) -> ExecResult:
-        return cls(status=status, note=note, **kw)
+        return cls(status=ToolStatus(status), note=note, **kw)
 
 
 def check_code(code: object) -> ExecResult | None:
@@ -105,6 +105,9 @@ def check_code(code: object) -> ExecResult | None:
     except UnicodeEncodeError as exc:
         return ExecResult.failure(ToolStatus.ERROR, f"SyntaxError: the code is not valid UTF-8 text ({exc.reason})")
     return None
+
+
+_S = TypeVar("_S", bound="Sandbox")
 
 
 class Sandbox(abc.ABC):
@@ -167,13 +170,13 @@ class Sandbox(abc.ABC):
             return asyncio.run(self.run(code, **kw))
         raise RuntimeError("run_sync() was called inside a running event loop; use `await sandbox.run(...)` instead")
 
-    async def __aenter__(self) -> Sandbox:
+    async def __aenter__(self: _S) -> _S:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    def __enter__(self) -> Sandbox:
+    def __enter__(self: _S) -> _S:
         return self
 
     def __exit__(self, *exc: object) -> None:

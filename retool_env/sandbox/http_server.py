@@ -148,7 +148,7 @@ def parse_run_request(body: bytes) -> RunRequest | list[dict[str, Any]]:
         errors.append(_error("files", "must be an object from path to base64 content"))
     if not isinstance(fetch_files, list) or not all(isinstance(p, str) for p in fetch_files):
         errors.append(_error("fetch_files", "must be a list of paths"))
-    if errors:
+    if errors or not isinstance(code, str):
         return errors
     return RunRequest(code, language, run_timeout, memory_mb, stdin, files, fetch_files)
 

@@ -263,9 +263,10 @@ class SandboxFusionPool(Sandbox):
             key: str | None = None
             result = ExecResult.failure(ToolStatus.SANDBOX_ERROR, "SandboxError: every SandboxFusion endpoint is down")
             for _ in range(2):
-                endpoint = await self._pick(exclude=failed)
-                if endpoint is None:
+                picked = await self._pick(exclude=failed)
+                if picked is None:
                     break
+                endpoint = picked
                 key = endpoint.client.url
                 try:
                     result = await endpoint.client.attempt(code, timeout=timeout, stdin=stdin, memory_mb=memory_mb)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import queue
@@ -201,7 +202,8 @@ class RaySandbox(Sandbox):
             named = {"name": f"{self.name}-{index}-{uuid.uuid4().hex[:8]}", "namespace": "retool_env"}
         else:
             named = {"name": f"{self.name}-{index}", "namespace": "retool_env", "get_if_exists": True}
-        handle = SandboxActor.options(**self._options, **named).remote(dict(self._sandbox_kwargs))
+        handle = SandboxActor.options(  # type: ignore[attr-defined]  # added by @ray.remote
+            **self._options, **named).remote(dict(self._sandbox_kwargs))
         ref = handle.start.remote()
         member = _Member(index, handle, ref, ref.future(), replacement=replacement)
         with self._lock:
@@ -254,7 +256,7 @@ class RaySandbox(Sandbox):
     def _retire_all(self, members: list[_Member]) -> None:
         for member in members:
             self._drop(member)
-            self._submit(lambda m=member: self._kill(m))
+            self._submit(functools.partial(self._kill, member))
 
     def _submit(self, chore: Callable[[], Any]) -> None:
         """Run a blocking Ray call on the maintenance thread, in order."""
@@ -437,7 +439,7 @@ class RaySandbox(Sandbox):
         for member in members:
             member.alive = False
             if self.name is None or member.replacement:
-                self._submit(lambda m=member: self._kill(m))
+                self._submit(functools.partial(self._kill, member))
         self._submit(None)  # type: ignore[arg-type]
         if self._maintenance is not None and self._maintenance is not threading.current_thread():
             self._maintenance.join(self.close_timeout)  # no Ray calls after close (they would reconnect to Ray)

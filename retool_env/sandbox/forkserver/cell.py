@@ -111,8 +111,8 @@ class _StreamRaw(io.RawIOBase):
 
 def capture(buffer: OutputBuffer) -> None:
     """Point sys.stdout/sys.stderr at the shared buffer, unbuffered so nothing is lost to a kill."""
-    sys.stdout = io.TextIOWrapper(_StreamRaw(buffer, 0), encoding="utf-8", errors="backslashreplace", write_through=True)  # type: ignore[arg-type]
-    sys.stderr = io.TextIOWrapper(_StreamRaw(buffer, 1), encoding="utf-8", errors="backslashreplace", write_through=True)  # type: ignore[arg-type]
+    sys.stdout = io.TextIOWrapper(_StreamRaw(buffer, 0), encoding="utf-8", errors="backslashreplace", write_through=True)
+    sys.stderr = io.TextIOWrapper(_StreamRaw(buffer, 1), encoding="utf-8", errors="backslashreplace", write_through=True)
 
 
 def split_trailing_expression(tree: ast.Module, source: str) -> ast.expr | None:

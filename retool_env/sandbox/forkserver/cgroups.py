@@ -84,7 +84,7 @@ class Delegation:
             except OSError as exc:
                 return cls._fail(parent, f"cannot delegate controllers: {exc.strerror}")
             return cls(2, (parent,)), "cgroup v2"
-        parents = []
+        parents: list[str] = []
         for controller in V1_CONTROLLERS:
             own = _own_group(controller)
             mount = os.path.join(ROOT, controller)

@@ -235,9 +235,9 @@ class Server:
                 group = message.get("group")
                 waiter.set_result((message["pid"], exited, CallGroup(group[0], tuple(group[1])) if group else None))
         elif message["op"] == "exit":
-            waiter = self.waiters.pop(message["pid"], None)
-            if waiter is not None and not waiter.done():
-                waiter.set_result((message["status"], message["cpu"], message["oom"]))
+            ended = self.waiters.pop(message["pid"], None)
+            if ended is not None and not ended.done():
+                ended.set_result((message["status"], message["cpu"], message["oom"]))
 
     async def _fork(self, *, session: bool) -> Child:
         """Have the zygote fork a confined child with a private code pipe and output buffer (and status socket)."""
@@ -369,11 +369,11 @@ class Server:
         """How the child ended: its own report (then it is killed, its teardown unwaited), else its exit."""
         reader = asyncio.ensure_future(self._read_done(child))
         try:
-            await asyncio.wait({reader, child.exited}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([reader, child.exited], return_when=asyncio.FIRST_COMPLETED)  # type: ignore[type-var]  # two result types
             if reader.done() and reader.result() is not None:
                 with contextlib.suppress(OSError):
                     os.killpg(child.pid, signal.SIGKILL)
-                return reader.result() << 8, 0.0, False
+                return int(reader.result() or 0) << 8, 0.0, False
             return await asyncio.shield(child.exited)
         finally:
             reader.cancel()
@@ -496,7 +496,7 @@ class Server:
         """`next_from`, ending early (as if every writer were gone) once the head has exited: its cell may still hold
         the socket, with no one left to report on it."""
         waiting = asyncio.ensure_future(session.status.next_from(pids, deadline))
-        await asyncio.wait({waiting, head.exited}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([waiting, head.exited], return_when=asyncio.FIRST_COMPLETED)  # type: ignore[type-var]  # two result types
         if waiting.done():
             return waiting.result()
         try:

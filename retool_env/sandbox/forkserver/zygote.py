@@ -276,7 +276,7 @@ class Zygote:
             except OSError as exc:
                 self.missing[name], self.delegation = f"cannot create a cgroup: {exc}", None
                 continue
-            candidate = replace(layers, cgroup=group) if name == "cgroup" else add(layers)
+            candidate = replace(layers, cgroup=group) if add is None else add(layers)
             status, why = self._probe(candidate)
             if group is not None:
                 group.remove()
