@@ -523,9 +523,9 @@ def _write_record(args: Any, env: ToolEnvironment, traj: Trajectory, problem: Pr
     version = versions[0] if versions else None
     process_record_writer(path).write([episode_record(
         traj, decode=env.tokenizer.decode, episode_stats=env.episode_stats(), reward_scheme=env.config.reward,
-        reward_kwargs=env.config.reward_kwargs, env_mask=[0] * len(traj.env_mask) if masked else None,
+        reward_kwargs=env.config.reward_options, env_mask=[0] * len(traj.env_mask) if masked else None,
         filtered=["void_turn"] if masked else [], question=problem.question,
-        policy_version=int(version) if version is not None and version.isdigit() else version,
+        policy_version=int(version) if version is not None and version.isdigit() else None,
         seed=seed, group=sample.group_index, mode="eval" if evaluation else "train", trained_reward=traj.reward)])
 
 

@@ -27,7 +27,7 @@ import contextlib
 import dataclasses
 import math
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
 from retool_adapters.chat_templates import training_env_kwargs
@@ -268,7 +268,7 @@ class ReToolRollout:
                 trained_reward=out["env_reward"][i]))
         self._records.write(records)
 
-    def groups_outside_accuracy(self, trajectories: Sequence[Trajectory], problems: Sequence[Problem]) -> set[int]:
+    def groups_outside_accuracy(self, trajectories: Sequence[Trajectory], problems: Sequence[Problem]) -> set[Hashable]:
         """The problems (by `id()`) whose groups `accuracy_filter` takes out of the loss."""
         return self.filters.groups_outside_accuracy(trajectories, [id(p) for p in problems])
 
@@ -474,7 +474,7 @@ def _policy_generator(trainer: Any, max_batch_size: int) -> Iterator[Generator]:
 
 # ------------------------------------------------------------------------------------------------------- metrics
 # roc_penalty, roc_select and TrainingPlan live in retool_env.filters and stay importable from here.
-def group_indices(problems: Sequence[Problem]) -> dict[int, list[int]]:
+def group_indices(problems: Sequence[Problem]) -> dict[Hashable, list[int]]:
     """The batch's GRPO groups: the positions of each problem (by `id()`), in order of first appearance."""
     return filters_group_indices([id(problem) for problem in problems])
 

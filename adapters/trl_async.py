@@ -267,6 +267,8 @@ class ReToolRolloutWorker:
     def write_records(self, trajectories: Sequence[Trajectory], samples: Sequence[Any], fresh: Sequence[Any],
                       group_id: int, plan: TrainingPlan | None = None) -> None:
         """Append the group's episodes to `records_path` (see `retool_env.records`); `samples` are `to_samples`'s."""
+        if self.records is None:
+            return
         if self._record_env is None:
             self._record_env = self._make_env()
         plan = plan or self.training_plan(trajectories, group_id)

@@ -214,7 +214,6 @@ def agent_loop_outputs(traj: Trajectory, *, with_logprobs: bool, engine_fields: 
 
 
 _training_kwargs: dict[tuple[int, str], tuple[Any, dict[str, Any]]] = {}
-_training_kwargs: dict[tuple[int, str], tuple[Any, dict[str, Any]]] = {}
 
 
 def cached_training_env_kwargs(tokenizer: Any, env_kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -297,7 +296,7 @@ else:
             if self.records is not None:
                 self.records.write([episode_record(
                     traj, decode=self.tokenizer.decode, episode_stats=env.episode_stats(),
-                    reward_scheme=env.config.reward, reward_kwargs=env.config.reward_kwargs,
+                    reward_scheme=env.config.reward, reward_kwargs=env.config.reward_options,
                     env_mask=[0] * len(traj.env_mask) if masked else None, filtered=["void_turn"] if masked else [],
                     question=problem.question, policy_version=generator.extra_fields.get(
                         "global_steps", kwargs.get("global_steps")),
@@ -368,7 +367,8 @@ else:
                              sampler_kwargs, poll_interval=poll_interval, refill_fn=refill_fn,
                              filter_groups_metric="acc" if enabled else None, train_batch_size=train_batch_size,
                              gen_batch_size=1, max_inflight_gen_batches=max_inflight_gen_batches, **kwargs)
-            self._global_steps, self._roc_metrics = 0, {}
+            self._global_steps = 0
+            self._roc_metrics: dict[str, float] = {}
 
         def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[Any, dict]:
             """verl's synchronous sampling (evict, refill, select), then RoC's choice within each selected group."""
@@ -436,7 +436,7 @@ else:
             dropped = [key for key in batch.keys if _session_of(key) not in kept]
             if dropped:
                 tq.kv_clear(partition_id=partition_id, keys=dropped)
-            sessions = {_session_of(key) for key in batch.keys}
-            self._roc_metrics = {"training/retool/roc_dropped": (len(sessions) - len(kept & sessions)) / max(
-                len(sessions), 1)}
+            played = {_session_of(key) for key in batch.keys}
+            self._roc_metrics = {"training/retool/roc_dropped": (len(played) - len(kept & played)) / max(
+                len(played), 1)}
             return KVBatchMeta(partition_id=partition_id, keys=[k for k, _ in rows], tags=[t for _, t in rows])
