@@ -36,7 +36,7 @@ except ModuleNotFoundError as exc:
 
 from retool_env.data import Problem
 from retool_env.env import ToolEnvironment, load_tokenizer
-from retool_env.formats import CODE_INTERPRETER_TOOL, TOOL_NAME
+from retool_env.formats import CODE_INTERPRETER_TOOL
 
 __all__ = ["CHAT_TEMPLATE_KWARGS", "ENV_ID", "ReToolTextEnv"]
 
@@ -83,8 +83,8 @@ class ReToolTextEnv(BaseTextEnv):
         done = terminated or truncated
         if done:
             observations: ConversationType = []
-        elif self.env.format.name == "hermes":
-            observations = [{"role": "tool", "name": TOOL_NAME, "content": r["output"]} for r in info["tool_results"]]
+        elif self.env.format.tool_turns:  # hermes or another dialect: the tool turns its chat template renders
+            observations = self.env.format.tool_messages([r["output"] for r in info["tool_results"]])
         else:
             observations = [{"role": "user", "content": self.env.tokenizer.decode(obs_ids.tolist())}]
         return BaseTextEnvStepOutput(observations=observations, reward=float(reward), done=done,

@@ -210,7 +210,15 @@ def test_slime_generate(dialect, backend, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------------ SkyRL
-@pytest.mark.parametrize("dialect", DIALECTS)
+# SkyRL tokenizes observation messages itself, by rendering them after a fixed base conversation: a template whose
+# tool turn needs the call message before it (gpt-oss harmony), or whose base ends in text that merges with the tool
+# turn's first token (GLM-4.5: "user." + "\n" is one token), cannot come out as the template's own tokens that way.
+SKYRL_FIXED_BASE_FAILS = "SkyRL's fixed-base rule cannot render this template's tool turn exactly (see above)"
+
+
+@pytest.mark.parametrize("dialect", [d if d in ("qwen3_coder", "llama3_json") else
+                                     pytest.param(d, marks=pytest.mark.xfail(strict=True, reason=SKYRL_FIXED_BASE_FAILS))
+                                     for d in DIALECTS])
 def test_skyrl_text_env(dialect):
     """SkyRL's generator as tests/test_adapter_skyrl.py replays it (the chat-template path, fixed-base rule)."""
     skyrl_gym = pytest.importorskip("skyrl_gym", reason="skyrl-gym is not installed here")
