@@ -271,3 +271,44 @@ def test_openenv_remote_environment(dialect):
         server.stop()
     assert record(traj) == reference(dialect)
     assert [(c.status, c.output.strip()) for c in traj.tool_calls] == [("ok", "56088")]
+
+
+# ---------------------------------------------------------------------------------------------- cold-start SFT
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_coldstart_sft_rows_are_rendered_in_the_dialect(dialect):
+    """training/sft_trl.py's data path (tool_format="auto"): every replayed solution calls the tool in the model's
+    dialect, and its tokens are exactly the template's rendering of the whole conversation, the mask on the
+    model's turns only."""
+    from retool_env.coldstart import arith_solutions, replay, sft_features
+    from retool_env.data import arith_split
+    from training import sft_trl
+
+    tok = dialect_tokenizer(dialect)
+    args = sft_trl.DataArguments(dataset="arith", dataset_limit=3, levels=["modpow"], text_share=0.0,
+                                 self_correct_share=0.5, tool_timeout=10.0)
+    rows = sft_trl.coldstart_rows(args, tok)
+    assert len(rows) == 3 and {row["kind"] for row in rows} == {"code", "self_correct"}
+    solutions = arith_solutions(arith_split("train", 3, ["modpow"]), seed=0, text_share=0.0, self_correct_share=0.5)
+    env = make_env(tok, max_completion_tokens=16384)
+    for row, solution in zip(rows, solutions, strict=True):
+        traj = replay(env, solution)
+        assert sft_features(traj) == {"input_ids": row["input_ids"], "assistant_masks": row["assistant_masks"]}
+        ids, mask = row["input_ids"], row["assistant_masks"]
+        model_text = tok.decode([t for t, m in zip(ids, mask, strict=True) if m == 1])
+        assert "<tool_call>\n{" not in model_text  # not hermes
+        calls = [call for turn in traj.turns for call in env.format.parse(
+            traj.completion_ids[turn.start:turn.end]).tool_calls]
+        assert all(call.code for call in calls) and len(calls) == row["num_tool_calls"] == len(traj.tool_calls) >= 1
+        assert traj.rewritten_turns == 0 and traj.reward == 1.0
+        # The context before the answer turn (the prompt, every call turn and tool turn) is the template's own
+        # rendering of the conversation (each model turn tokenized on its own, as a policy samples it), then the
+        # answer turn, all trained
+        text, context = tok.decode(ids), env._conversation.text
+        assert text.startswith(context) and mask[: len(traj.prompt_ids)] == [0] * len(traj.prompt_ids)
+        answer = next(s.content for s in solution.segments if s.kind == "answer")
+        assert answer in text[len(context):]
+        for turn in traj.turns:  # each model turn mask 1, what the environment inserted after it mask 0
+            offset = len(traj.prompt_ids)
+            assert set(mask[offset + turn.start: offset + turn.end]) == {1}
+            assert set(mask[offset + turn.end: offset + turn.env_end]) <= {0}
+    env.close()
