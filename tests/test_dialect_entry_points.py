@@ -330,12 +330,13 @@ def test_which_templates_trls_own_tool_call_parser_reads(name):
     pytest.importorskip("trl", reason="TRL is not installed in this venv")
     from trl.chat_template_utils import add_response_schema, parse_response
 
+    from retool_env.chat import chat_template_names
     from retool_env.formats import CODE_INTERPRETER_TOOL
 
     from .test_chat_templates import PROBLEM as TEMPLATE_PROBLEM
-    from .test_dialect_parity import NAMES, family_tokenizer
+    from .test_dialect_parity import family_tokenizer
 
-    if name not in NAMES:
+    if name not in chat_template_names():
         pytest.skip(f"TRL ships no {name} template")
     tok = copy.deepcopy(family_tokenizer(name))
     if TRL_PARSES[name] is None:
