@@ -279,6 +279,7 @@ def test_coldstart_sft_rows_are_rendered_in_the_dialect(dialect):
     """training/sft_trl.py's data path (tool_format="auto"): every replayed solution calls the tool in the model's
     dialect, and its tokens are exactly the template's rendering of the whole conversation, the mask on the
     model's turns only."""
+    pytest.importorskip("trl", reason="training/sft_trl.py needs TRL")
     from retool_env.coldstart import arith_solutions, replay, sft_features
     from retool_env.data import arith_split
     from training import sft_trl
