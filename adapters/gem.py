@@ -29,7 +29,8 @@ except ModuleNotFoundError as exc:
     raise ModuleNotFoundError(f"retool_adapters.gem needs GEM: pip install gem-llm (missing {exc.name})",
                               name=exc.name) from exc
 
-from retool_env.env import ToolEnvironment, load_tokenizer
+from retool_env.env import ToolEnvironment
+from retool_env.tokens import load_tokenizer
 
 __all__ = ["ENV_ID", "ReToolGemEnv"]
 

@@ -41,10 +41,10 @@ except ModuleNotFoundError as exc:
     raise ModuleNotFoundError(f"retool_adapters.nemo_gym needs NeMo-Gym: pip install nemo-gym (missing {exc.name})",
                               name=exc.name) from exc
 
-from retool_env.env import EMPTY_OUTPUT, shared_sandbox
 from retool_env.grading import agrade
 from retool_env.rewards import EpisodeStats, get_reward_fn
 from retool_env.sandbox.base import ToolStatus
+from retool_env.tool_runner import EMPTY_OUTPUT, shared_sandbox
 
 __all__ = ["EXECUTE_PYTHON_TOOL", "ExecutePythonRequest", "ExecutePythonResponse", "ReToolResourcesServer",
            "ReToolResourcesServerConfig", "ReToolVerifyRequest", "ReToolVerifyResponse"]

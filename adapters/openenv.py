@@ -42,6 +42,7 @@ except ModuleNotFoundError as exc:
     raise ModuleNotFoundError(f"retool_adapters.openenv needs OpenEnv: pip install openenv-core (missing {exc.name})",
                               name=exc.name) from exc
 
+from retool_env.config import EnvConfig
 from retool_env.data import Problem
 from retool_env.env import ToolEnvironment
 from retool_env.trajectory import ToolCallRecord, Trajectory, Turn
@@ -228,18 +229,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tokenizer", required=True, help="the policy's tokenizer, a name or local path")
     parser.add_argument("--dataset", default="arith", help="a dataset name or file retool_env.data reads")
-    parser.add_argument("--tool-format", default="hermes", choices=["hermes", "retool"])
-    parser.add_argument("--max-completion-tokens", type=int, default=4096)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--max-concurrent-envs", type=int, default=64)
+    EnvConfig.add_arguments(parser, tool_format="hermes")  # --tool-format, --max-completion-tokens, ...
     args = parser.parse_args(argv)
-    from retool_env.env import load_dataset_problems, load_tokenizer
+    from retool_env.data import load_dataset_problems
+    from retool_env.tokens import load_tokenizer
 
     tokenizer, problems = load_tokenizer(args.tokenizer), load_dataset_problems(args.dataset)
-    app = create_app(lambda: ToolEnvironment(tokenizer, problems, tool_format=args.tool_format,
-                                             max_completion_tokens=args.max_completion_tokens),
-                     max_concurrent_envs=args.max_concurrent_envs)
+    config = EnvConfig.from_settings(args)
+    app = create_app(lambda: ToolEnvironment(tokenizer, problems, **config), max_concurrent_envs=args.max_concurrent_envs)
     uvicorn.run(app, host=args.host, port=args.port)
 
 

@@ -35,8 +35,9 @@ except ModuleNotFoundError as exc:
                               name=exc.name) from exc
 
 from retool_env.data import Problem
-from retool_env.env import ToolEnvironment, load_tokenizer
+from retool_env.env import ToolEnvironment
 from retool_env.formats import CODE_INTERPRETER_TOOL
+from retool_env.tokens import load_tokenizer
 
 __all__ = ["CHAT_TEMPLATE_KWARGS", "ENV_ID", "ReToolTextEnv"]
 
@@ -83,7 +84,7 @@ class ReToolTextEnv(BaseTextEnv):
         done = terminated or truncated
         if done:
             observations: ConversationType = []
-        elif self.env.format.tool_turns:  # hermes or another dialect: the tool turns its chat template renders
+        elif self.env.format.tool_turns:  # results are tool turns the chat template renders (hermes, the dialects)
             observations = self.env.format.tool_messages([r["output"] for r in info["tool_results"]])
         else:
             observations = [{"role": "user", "content": self.env.tokenizer.decode(obs_ids.tolist())}]

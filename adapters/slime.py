@@ -34,6 +34,25 @@ Plug in (slime's RL script)::
     --dynamic-sampling-filter-path retool_adapters.slime.drop_aborted_groups
     --custom-config-path retool.yaml   # optional: retool_env: {tool_format: hermes, max_tool_calls: 8}
 
+Trajectory filters and records (`retool_env.filters`, `retool_env.records`; each off by default), set in the
+`--custom-config-path` yaml beside `retool_env`:
+
+- `retool_mask_void_turns: true` (SimpleTIR): a sample with a void turn gets `remove_sample` and a loss mask of
+  0s, its reward still in its group's normalisation. Every sample's `metadata["retool"]` carries `void_turn` and
+  `roc_penalty`.
+- `retool_accuracy_filter: [0.1, 0.9]`: `drop_aborted_groups` (the dynamic filter above) drops a group whose
+  accuracy lies outside the range (reason "accuracy"); slime's dynamic sampling then draws more groups
+  (`--over-sampling-batch-size`): the papers' oversampling.
+- `retool_roc_down_sample: n` (GRPO-RoC, with `--n-samples-per-prompt 2n`): the dynamic filter drops groups whose
+  rewards are all equal (reason "roc_equal_reward"), and `--custom-reward-post-process-path
+  retool_adapters.slime.roc_rewards` keeps n of each group (`roc_select`), normalising their rewards among
+  themselves, and takes the others out of the loss (`remove_sample`, loss mask 0, advantage 0). slime's batch
+  keeps its `rollout_batch_size * n_samples_per_prompt` samples (its reward normalisation and global batch are
+  sized by them), so the dropped half is masked, not removed, as on TRL's path.
+- `retool_records_path: runs/records.jsonl`: every episode `generate` plays is appended, one file per process
+  (`records.<host>-<pid>.jsonl`), `group` the sample's `group_index`, evaluation episodes with `mode` "eval". The
+  group filters decide later, so a record's `filtered` names `void_turn` only.
+
 The environment's tokenizer is `args.hf_checkpoint`. Do not pass `--apply-chat-template`: the environment renders the
 prompt itself from the raw problem in `sample.prompt` (a string, or messages whose last user message is the problem).
 Partial rollout is not supported (a retried sample starts again from its prompt).
@@ -46,24 +65,28 @@ import copy
 import importlib
 import json
 import math
+import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from retool_env.data import Problem, strip_dapo_template
-from retool_env.env import ToolEnvironment, load_tokenizer
+from retool_env.env import ToolEnvironment
+from retool_env.filters import TrajectoryFilters, has_void_turn, roc_penalty, roc_select
 from retool_env.grading import grade
 from retool_env.prompts import render_prompt
+from retool_env.records import episode_record, process_record_writer
 from retool_env.rewards import EpisodeStats, get_reward_fn
-from retool_env.rollout import EpisodeAborted, Generation, SamplingParams, run_episode
+from retool_env.rollout import EpisodeAborted, Generation, SamplingParams, derive_seed, run_episode
+from retool_env.tokens import load_tokenizer
 from retool_env.trajectory import Trajectory
 
 from .generators._common import DEFAULT_SAMPLING, LogprobsMismatchError, TurnGenerator
 from .generators.openai_completions import OpenAICompletionsGenerator
 
 __all__ = ["SGLangGenerator", "VLLMRouterGenerator", "drop_aborted_groups", "fill_sample", "fill_samples", "generate",
-           "reward_func", "trajectory_rewards"]
+           "reward_func", "roc_rewards", "trajectory_rewards"]
 
 # vLLM's /inference/v1/generate sends this logprob when the sampled token is missing from the engine's top-k map.
 _VLLM_MISSING_LOGPROB = -9999.0
@@ -394,7 +417,8 @@ def fill_sample(sample: Any, traj: Trajectory, tokenizer: Any, args: Any = None,
     _add_engine_meta(args, sample, metas)
     sample.tool_call_count = traj.num_tool_calls  # what slime's own retool example records
     record = {"reward": traj.reward, "correct": traj.correct, "pred": traj.pred, "num_tool_calls": traj.num_tool_calls,
-              "num_turns": traj.num_turns, "finish_reason": traj.finish_reason}
+              "num_turns": traj.num_turns, "finish_reason": traj.finish_reason, "void_turn": has_void_turn(traj),
+              "roc_penalty": roc_penalty(traj)}
     sample.metadata = {**(sample.metadata or {}), "retool": record}
     sample.reward = _reward(args, record)
     status = type(sample).Status
@@ -430,12 +454,20 @@ async def generate(args: Any, sample: Any, sampling_params: Mapping[str, Any], e
     for attempt in range(attempts):
         env = _take_env(args, problem)
         turns = _EpisodeTurns(_generator(args), sampling_params)
-        env.max_completion_tokens = _completion_budget(args, env, problem, sampling_params)
+        budget = {"max_completion_tokens": _completion_budget(args, env, problem, sampling_params)}
         try:
-            traj = await run_episode(env, turns, problem=problem, sampling=sampling, require_logprobs=True)
+            traj = await run_episode(env, turns, problem=problem, sampling=sampling, require_logprobs=True,
+                                     options=budget)
             if _env_kwargs(args).get("sample_mode", "episode") == "turn":
-                return fill_samples(sample, traj, env.tokenizer, args, turns.metas)
-            return fill_sample(sample, traj, env.tokenizer, args, turns.metas, top_p=_wants_top_p(sampling_params))
+                filled = fill_samples(sample, traj, env.tokenizer, args, turns.metas)
+            else:
+                filled = fill_sample(sample, traj, env.tokenizer, args, turns.metas,
+                                     top_p=_wants_top_p(sampling_params))
+            masked = not evaluation and _filters(args).mask_void_turns and has_void_turn(traj)
+            for part in (filled if isinstance(filled, list) else [filled]) if masked else []:
+                remove_from_loss(part)  # SimpleTIR: out of the loss, its reward still in its group
+            _write_record(args, env, traj, problem, sample, masked, evaluation, sampling.seed, turns.metas)
+            return filled
         except (EpisodeAborted, LogprobsMismatchError) as exc:
             if attempt + 1 == attempts and evaluation:
                 raise EpisodeAborted(f"an evaluation episode aborted {attempts} times: {exc}") from exc
@@ -468,6 +500,37 @@ def fill_samples(sample: Any, traj: Trajectory, tokenizer: Any, args: Any = None
     return out
 
 
+def remove_from_loss(sample: Any) -> None:
+    """slime's way to keep a sample out of the loss, its reward still in its group: `remove_sample` (slime zeroes
+    its loss mask when it builds the training data), and the loss mask zeroed here too."""
+    sample.remove_sample = True
+    sample.loss_mask = [0] * sample.response_length
+
+
+def _filters(args: Any) -> TrajectoryFilters:
+    """The trajectory filter options of the `--custom-config-path` yaml (`retool_mask_void_turns`, ...)."""
+    accuracy_filter = getattr(args, "retool_accuracy_filter", None)
+    return TrajectoryFilters(mask_void_turns=bool(getattr(args, "retool_mask_void_turns", False)),
+                             accuracy_filter=None if accuracy_filter is None else tuple(accuracy_filter),
+                             roc_down_sample=getattr(args, "retool_roc_down_sample", None))
+
+
+def _write_record(args: Any, env: ToolEnvironment, traj: Trajectory, problem: Problem, sample: Any, masked: bool,
+                  evaluation: bool, seed: int | None, metas: Sequence[Mapping[str, Any]]) -> None:
+    """Append the episode to `retool_records_path` (one file per process), when set."""
+    path = getattr(args, "retool_records_path", None)
+    if path is None:
+        return
+    versions = [str(meta["weight_version"]) for meta in metas if "weight_version" in meta]
+    version = versions[0] if versions else None
+    process_record_writer(path).write([episode_record(
+        traj, decode=env.tokenizer.decode, episode_stats=env.episode_stats(), reward_scheme=env.config.reward,
+        reward_kwargs=env.config.reward_kwargs, env_mask=[0] * len(traj.env_mask) if masked else None,
+        filtered=["void_turn"] if masked else [], question=problem.question,
+        policy_version=int(version) if version is not None and version.isdigit() else version,
+        seed=seed, group=sample.group_index, mode="eval" if evaluation else "train", trained_reward=traj.reward)])
+
+
 async def reward_func(args: Any, sample: Any, **kwargs: Any) -> float | dict[str, Any] | list | None:
     """slime's custom reward: the environment's reward for the episode (a list of samples when `--group-rm`).
 
@@ -493,10 +556,19 @@ def drop_aborted_groups(args: Any, samples: list[Any], **kwargs: Any) -> Any:
     others, or ask `args.retool_dynamic_filter_path` (say, slime's `check_reward_nonzero_std`) about them."""
     if any(s.status is type(s).Status.ABORTED for s in _flat(samples)):
         return _filter_output(keep=False, reason="aborted")
+    filters, episodes = _filters(args), [item[0] if isinstance(item, list) else item for item in samples]
+    if filters.is_outside_accuracy([bool(_retool_record(s).get("correct")) for s in episodes]):
+        return _filter_output(keep=False, reason="accuracy")
+    if filters.roc_down_sample is not None and len({float(s.get_reward_value(args)) for s in episodes}) == 1:
+        return _filter_output(keep=False, reason="roc_equal_reward")
     if path := getattr(args, "retool_dynamic_filter_path", None):
         module, name = path.rsplit(".", 1)
         return getattr(importlib.import_module(module), name)(args, samples, **kwargs)
     return _filter_output(keep=True)
+
+
+def _retool_record(sample: Any) -> dict[str, Any]:
+    return (sample.metadata or {}).get("retool") or {}
 
 
 def _flat(samples: Sequence[Any]) -> list[Any]:
@@ -510,24 +582,62 @@ def trajectory_rewards(args: Any, samples: Sequence[Any]) -> tuple[list[float], 
     trajectories, not samples (a prompt's group is its `group_index`, a trajectory its `rollout_id`), each
     trajectory's value broadcast to its samples. Counting each sample would weigh long episodes more in the mean
     (mixing per-turn samples into one group made an agent stop calling tools: agent-lightning#489)."""
-    import torch
-
     raw = [float(s.get_reward_value(args)) for s in samples]
     trajectories: dict[Any, dict[Any, float]] = {}
     for s, r in zip(samples, raw, strict=True):
         trajectories.setdefault(s.group_index, {})[s.rollout_id if s.rollout_id is not None else id(s)] = r
-    normalize = getattr(args, "rewards_normalization", True) and getattr(
-        args, "advantage_estimator", "grpo") in ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")
     value: dict[tuple[Any, Any], float] = {}
     for group, rewards in trajectories.items():
-        t = torch.tensor(list(rewards.values()), dtype=torch.float)
-        if normalize:
-            t = t - t.mean()
-            if getattr(args, "advantage_estimator", "grpo") in ("grpo", "gspo", "cispo") and getattr(
-                    args, "grpo_std_normalization", True):
-                t = t / (t.std() + 1e-6)
-        value.update({(group, key): v for key, v in zip(rewards, t.tolist(), strict=True)})
+        value.update({(group, key): v for key, v in zip(rewards, _normalise(args, list(rewards.values())),
+                                                        strict=True)})
     out = [value[(s.group_index, s.rollout_id if s.rollout_id is not None else id(s))] for s in samples]
+    return raw, out
+
+
+def _normalise(args: Any, rewards: list[float]) -> list[float]:
+    """slime's `_post_process_rewards` over one group: minus the mean, over the std + 1e-6 under
+    `--grpo-std-normalization`, as `--advantage-estimator` and `--rewards-normalization` ask."""
+    import torch
+
+    t = torch.tensor(rewards, dtype=torch.float)
+    if getattr(args, "rewards_normalization", True) and getattr(
+            args, "advantage_estimator", "grpo") in ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline"):
+        t = t - t.mean()
+        if getattr(args, "advantage_estimator", "grpo") in ("grpo", "gspo", "cispo") and getattr(
+                args, "grpo_std_normalization", True):
+            t = t / (t.std() + 1e-6)
+    return t.tolist()
+
+
+def roc_rewards(args: Any, samples: Sequence[Any]) -> tuple[list[float], list[float]]:
+    """slime's `--custom-reward-post-process-path` for GRPO-RoC (`retool_roc_down_sample: n`, groups of 2n): per
+    group (`group_index`), `roc_select` keeps n trajectories (by `rollout_id`, so `sample_mode="turn"` counts each
+    once, as `trajectory_rewards` does), their rewards normalised among themselves; the others get 0 and leave the
+    loss (`remove_from_loss`). The draw is seeded by `--rollout-seed` and the group."""
+    keep = _filters(args).roc_down_sample
+    if keep is None:
+        raise ValueError("roc_rewards down-samples to `retool_roc_down_sample` episodes per group: set it in the "
+                         "--custom-config-path yaml")
+    raw = [float(s.get_reward_value(args)) for s in samples]
+    trajectories: dict[Any, dict[Any, list[int]]] = {}
+    for i, s in enumerate(samples):
+        trajectories.setdefault(s.group_index, {}).setdefault(
+            s.rollout_id if s.rollout_id is not None else id(s), []).append(i)
+    out = [0.0] * len(samples)
+    for group, members in trajectories.items():
+        keys = list(members)
+        first = [samples[members[key][0]] for key in keys]
+        rng = random.Random(derive_seed(getattr(args, "rollout_seed", 0), "roc", group))
+        kept = sorted(roc_select([raw[members[key][0]] for key in keys],
+                                 [bool(_retool_record(s).get("correct")) for s in first],
+                                 [float(_retool_record(s).get("roc_penalty", 0.5)) for s in first], keep, rng))
+        values = _normalise(args, [raw[members[keys[k]][0]] for k in kept])
+        for position, key in enumerate(keys):
+            for i in members[key]:
+                if position in kept:
+                    out[i] = values[kept.index(position)]
+                else:
+                    remove_from_loss(samples[i])
     return raw, out
 
 

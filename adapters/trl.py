@@ -23,31 +23,25 @@ carry no loss), and per-episode extra fields that reach the reward functions as 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
-import itertools
 import math
 import os
-import random
-import types
-from collections.abc import Callable, Coroutine, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from retool_adapters.chat_templates import training_env_kwargs
-from retool_env.config import EnvConfig
+from retool_adapters.trl_environment import CodeInterpreterEnvironment as CodeInterpreterEnvironment  # re-exported
+from retool_adapters.trl_environment import grade_final_answers as grade_final_answers
+from retool_adapters.trl_environment import run_sync
 from retool_env.data import Problem
-from retool_env.env import EMPTY_OUTPUT, format_error, load_tokenizer, parse_error_format, shared_sandbox
-from retool_env.formats import CODE_INTERPRETER_TOOL, clip_tokens, resolve_tool_format, strip_code_fences
-from retool_env.grading import Grade, grade
+from retool_env.filters import TrainingPlan, TrajectoryFilters, has_void_turn, roc_penalty, roc_select  # noqa: F401
+from retool_env.filters import group_indices as filters_group_indices
 from retool_env.records import RecordWriter, episode_record
-from retool_env.rewards import EpisodeStats, get_reward_fn, sign_safe_rewards
+from retool_env.rewards import EpisodeStats
 from retool_env.rollout import Generator, SamplingParams, derive_seed, run_episodes
-from retool_env.sandbox import Sandbox
-from retool_env.trajectory import NOT_RUN, ToolCallRecord, ToolStats, ToolStatus, Trajectory
-
-T = TypeVar("T")
+from retool_env.tool_runner import shared_sandbox
+from retool_env.trajectory import ToolStatus, Trajectory
 
 # Per-episode fields returned next to the tokens; TRL passes each to the reward functions as a keyword argument.
 EXTRA_FIELDS = ("env_reward", "correct", "strict_correct", "num_tool_calls", "num_turns", "truncated", "aborted",
@@ -175,8 +169,7 @@ class ReToolRollout:
     ) -> None:
         if not problems:
             raise ValueError("ReToolRollout needs the problems its prompts come from")
-        if roc_down_sample is not None and roc_down_sample < 2:
-            raise ValueError(f"roc_down_sample keeps n >= 2 episodes per group (of 2n generated), not {roc_down_sample}")
+        TrajectoryFilters(mask_void_turns, accuracy_filter, roc_down_sample, sign_safe_shaping)  # checks them
         if "dataset" in env_kwargs:
             raise ValueError("pass the problems as ReToolRollout's first argument, not as `dataset`")
         if env_kwargs.get("sample_mode", "episode") != "episode":
@@ -192,8 +185,6 @@ class ReToolRollout:
         self.generator = generator
         self.seeded = seeded
         self.mask_void_turns = mask_void_turns
-        if accuracy_filter is not None and not 0.0 <= accuracy_filter[0] <= accuracy_filter[1] <= 1.0:
-            raise ValueError(f"accuracy_filter must be (low, high) with 0 <= low <= high <= 1, not {accuracy_filter}")
         self.accuracy_filter = accuracy_filter
         self.roc_down_sample = roc_down_sample
         self.sign_safe_shaping = sign_safe_shaping
@@ -203,6 +194,12 @@ class ReToolRollout:
         self.env_kwargs = env_kwargs
         self._server_client: Any = None  # a VLLMClient for ranks other than the main one (server mode)
         self._prompt_env: Any = None  # see _spare_env
+
+    @property
+    def filters(self) -> TrajectoryFilters:
+        """The trajectory filter options, as `retool_env.filters` applies them."""
+        return TrajectoryFilters(self.mask_void_turns, self.accuracy_filter, self.roc_down_sample,
+                                 self.sign_safe_shaping)
 
     # ------------------------------------------------------------------------------------------------ the call
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
@@ -245,38 +242,8 @@ class ReToolRollout:
     def training_plan(self, trajectories: Sequence[Trajectory], problems: Sequence[Problem], *,
                       roc_seed: int = 0) -> TrainingPlan:
         """What reaches GRPO of each episode: the filters that take it out of the loss, and its reward (None:
-        unscored, left out of its group's statistics)."""
-        filters: list[list[str]] = [[] for _ in trajectories]
-        rewards = [None if t.aborted or not t.completion_ids or t.reward is None else float(t.reward)
-                   for t in trajectories]
-        outside = self.groups_outside_accuracy(trajectories, problems)
-        for i, (traj, problem) in enumerate(zip(trajectories, problems, strict=True)):
-            if rewards[i] is not None and self.mask_void_turns and has_void_turn(traj):
-                filters[i].append("void_turn")
-            if rewards[i] is not None and id(problem) in outside:
-                filters[i].append("accuracy")
-        groups = group_indices(problems)
-        if self.roc_down_sample is not None:
-            rng = random.Random(roc_seed)
-            for group in groups.values():
-                scored = [i for i in group if rewards[i] is not None]
-                if len({rewards[i] for i in scored}) == 1:  # equal rewards: no signal, rejected
-                    for i in scored:
-                        filters[i].append("roc_equal_reward")
-                    continue
-                kept = roc_select([rewards[i] for i in scored], [bool(trajectories[i].correct) for i in scored],
-                                  [roc_penalty(trajectories[i]) for i in scored], self.roc_down_sample, rng)
-                for position, i in enumerate(scored):
-                    if position not in kept:
-                        filters[i].append("roc")
-                        rewards[i] = None
-        if self.sign_safe_shaping:
-            for group in groups.values():
-                clipped = sign_safe_rewards([rewards[i] for i in group],
-                                            [trajectories[i].correct for i in group])
-                for i, reward in zip(group, clipped, strict=True):
-                    rewards[i] = reward
-        return TrainingPlan(filters=filters, rewards=rewards)
+        unscored, left out of its group's statistics); `retool_env.filters.TrajectoryFilters.plan`."""
+        return self.filters.plan(trajectories, [id(p) for p in problems], roc_seed=roc_seed)
 
     def write_records(self, trainer: Any, trajectories: Sequence[Trajectory], problems: Sequence[Problem],
                       out: dict[str, list], plan: TrainingPlan, make_env: Callable[[], Any],
@@ -292,7 +259,7 @@ class ReToolRollout:
             failed = traj.aborted or not traj.completion_ids
             records.append(episode_record(
                 traj, decode=env.tokenizer.decode,
-                episode_stats=None if failed else env_episode_stats(traj),
+                episode_stats=None if failed else EpisodeStats.of(traj),
                 reward_scheme=env.config.reward, reward_kwargs=env.config.reward_kwargs,
                 env_mask=None if failed else out["env_mask"][i][:len(traj.env_mask)],
                 filtered=plan.filters[i], question=problem.question, policy_version=trainer.state.global_step,
@@ -302,14 +269,7 @@ class ReToolRollout:
 
     def groups_outside_accuracy(self, trajectories: Sequence[Trajectory], problems: Sequence[Problem]) -> set[int]:
         """The problems (by `id()`) whose groups `accuracy_filter` takes out of the loss."""
-        if self.accuracy_filter is None:
-            return set()
-        low, high = self.accuracy_filter
-        verdicts: dict[int, list[bool]] = {}
-        for traj, problem in zip(trajectories, problems, strict=True):
-            if not traj.aborted and traj.completion_ids:
-                verdicts.setdefault(id(problem), []).append(bool(traj.correct))
-        return {key for key, group in verdicts.items() if not low <= sum(group) / len(group) <= high}
+        return self.filters.groups_outside_accuracy(trajectories, [id(p) for p in problems])
 
     def _rollout_seed(self, trainer: Any) -> int:
         """This call's base seed, from GRPOConfig's `seed`, the process, the step and how many rollouts this step has
@@ -511,79 +471,11 @@ def _policy_generator(trainer: Any, max_batch_size: int) -> Iterator[Generator]:
             model.train(was_training)
 
 
-def run_sync(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine to completion from synchronous code, even where an event loop already runs (notebooks)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, coro).result()
-
-
 # ------------------------------------------------------------------------------------------------------- metrics
-def has_void_turn(traj: Trajectory) -> bool:
-    """Whether an episode has a void turn, as SimpleTIR defines it: neither a complete code block nor a final answer.
-    A turn without a tool call ends the episode, so only the last turn can be one: cut off mid-turn by a token budget,
-    or ended without an answer the grader could extract. (A malformed tool call is answered with an error and counts
-    as a tool turn here.)"""
-    if traj.finish_reason in ("length", "max_completion_tokens"):
-        return True
-    return traj.finish_reason == "answer" and traj.pred is None
-
-
+# roc_penalty, roc_select and TrainingPlan live in retool_env.filters and stay importable from here.
 def group_indices(problems: Sequence[Problem]) -> dict[int, list[int]]:
     """The batch's GRPO groups: the positions of each problem (by `id()`), in order of first appearance."""
-    groups: dict[int, list[int]] = {}
-    for i, problem in enumerate(problems):
-        groups.setdefault(id(problem), []).append(i)
-    return groups
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainingPlan:
-    """Per episode: the filters that take it out of the loss (`void_turn`, `accuracy`, `roc`, `roc_equal_reward`;
-    empty: trained on) and the reward it reaches GRPO with (None: unscored)."""
-
-    filters: list[list[str]]
-    rewards: list[float | None]
-
-
-def roc_penalty(traj: Trajectory) -> float:
-    """rStar2's RoC penalty of an episode, lower is cleaner: the share of its tool calls that did not run cleanly
-    (0.5 with no call, as rStar2) plus 1 for an answer format issue (here: no answer the grader could extract, the
-    reading of rStar2's `<answer>` tag check for this project's extraction)."""
-    statuses = [call.status for call in traj.tool_calls if call.status != ToolStatus.SKIPPED]
-    error_ratio = sum(status != ToolStatus.OK for status in statuses) / len(statuses) if statuses else 0.5
-    return error_ratio + (1.0 if traj.pred is None else 0.0)
-
-
-def roc_select(rewards: Sequence[float], correct: Sequence[bool], penalties: Sequence[float], keep: int,
-               rng: random.Random) -> set[int]:
-    """The positions GRPO-RoC keeps of one group's scored episodes: `keep` of them, positives and negatives in their
-    group's proportions (at least min(2, keep // 2) of each where the group has them, as rStar2's defaults),
-    positives in order of the fewest tool errors and format issues (`roc_penalty`, ties by position), negatives
-    drawn uniformly (the paper's "diverse" failures; rStar2's code sorts them by the same penalty). A group of
-    `keep` or fewer is kept whole. `rewards` are not read beyond their count: they decide nothing here (equal-reward
-    groups are rejected before)."""
-    total = len(rewards)
-    if total <= keep:
-        return set(range(total))
-    positives = sorted((i for i in range(total) if correct[i]), key=lambda i: penalties[i])
-    negatives = [i for i in range(total) if not correct[i]]
-    least = min(2, keep // 2)
-    n_pos = round(len(positives) * keep / total)
-    n_pos = max(n_pos, min(least, len(positives)))
-    n_pos = min(n_pos, keep - min(least, len(negatives)))
-    n_pos = max(min(n_pos, len(positives), keep), keep - len(negatives))  # then both counts fit their pools
-    return set(positives[:n_pos]) | set(rng.sample(negatives, keep - n_pos))
-
-
-def env_episode_stats(traj: Trajectory) -> EpisodeStats:
-    """The `EpisodeStats` the environment gave the reward scheme for this trajectory (its own method, on a view)."""
-    from retool_env.env import ToolEnvironment
-
-    return ToolEnvironment.episode_stats(types.SimpleNamespace(trajectory=traj))
+    return filters_group_indices([id(problem) for problem in problems])
 
 
 def episode_metrics(trajectories: Sequence[Trajectory]) -> dict[str, list[float]]:
@@ -623,7 +515,6 @@ def log_episode_metrics(trainer: Any, trajectories: Sequence[Trajectory]) -> Non
 def log_sandbox_metrics(trainer: Any, sandbox: Any) -> None:
     """`retool/sandbox/*` (in flight, queued, p50/p99 latency, calls, errors, retries, lost) from a sandbox that keeps
     them (`RaySandbox.stats()`); nothing for the others."""
-    from retool_env.env import shared_sandbox
 
     stats = getattr(shared_sandbox(sandbox) if isinstance(sandbox, str) else sandbox, "stats", None)
     for name, value in (stats() if stats else {}).items():
@@ -649,152 +540,3 @@ def correctness(completions: list, correct: list[bool | None] | None = None, **k
 
 REWARD_FUNCS = (env_reward, correctness)
 REWARD_WEIGHTS = (1.0, 0.0)
-
-
-# ----------------------------------------------------------------------------------------- environment_factory
-class CodeInterpreterEnvironment:
-    """TRL's `environment_factory` environment: ReTool-Env's sandbox as a `code_interpreter` tool.
-
-    ```python
-    factory = functools.partial(CodeInterpreterEnvironment, tokenizer, max_tool_calls=4, reward="retool")
-    trainer = GRPOTrainer(
-        model=model, processing_class=tokenizer, args=GRPOConfig(..., reward_weights=[0.0]),
-        train_dataset=problems_to_dataset(problems, prompt="slime"),   # chat messages, plus `answer`
-        reward_funcs=[grade_final_answers],   # grades in each rollout's environment; weight 0: accuracy in the logs
-        environment_factory=factory,          # or {"name": factory, ...} with an `environment` column
-    )
-    ```
-
-    TRL makes one instance per rollout, calls `reset(**row)` with its dataset row (which carries `answer`), offers
-    `code_interpreter` as a tool (it parses `<tool_call>`, renders the tool turn with the chat template and masks its
-    tokens out of the loss), and adds `get_reward()` as a reward column of weight 1. A tool call runs as a step of
-    `ToolEnvironment` runs it: the same shared sandbox, `tool_timeout`, echo of a trailing expression, a sandbox
-    session per episode when `stateful`, output clipped to `max_observation_tokens` tokens (head and tail), and
-    calls past `max_tool_calls` refused. `get_reward()` applies the same reward scheme to the same grade and tool
-    counts, so a scripted episode earns what it earns in `ToolEnvironment`. The environment never sees the model's
-    text, so `grade_final_answers` (a reward function, which TRL runs before the environment's column) hands each
-    environment its rollout's final answer.
-
-    What this path cannot do that `ReToolRollout` (`rollout_func`) can: the paper's `retool` format (TRL parses only
-    the chat template's own tool calls); observation tokens exactly as the environment renders them (TRL renders the
-    tool turn its own way; the prompt, tool schema included, is the same); ending an episode at `max_tool_calls`
-    (TRL keeps generating, so the model is told to answer instead); a per-turn budget
-    (`max_turn_tokens`; the episode's budget is GRPOConfig's `max_completion_length`); episodes that never wait for
-    each other (TRL's tool rounds are lockstep). Picklable, as AsyncGRPOTrainer requires, when its arguments are.
-    TRL offers every public method as a tool, so the helpers are private.
-    """
-
-    def __init__(self, tokenizer: Any, **config: Any) -> None:
-        self.config = EnvConfig(**config)
-        self.tokenizer = load_tokenizer(tokenizer)
-        if resolve_tool_format(self.config.tool_format, self.tokenizer) != "hermes":
-            raise ValueError(f"TRL's tool loop parses the chat template's own tool calls (hermes); the "
-                             f"{self.config.tool_format!r} format needs ReToolRollout (rollout_func)")
-        if self.config.max_turn_tokens is not None:
-            raise ValueError("TRL's tool loop has no per-turn budget; unset max_turn_tokens, or use ReToolRollout")
-        if self.config.on_timeout != "feedback":
-            raise ValueError("TRL's tool loop cannot end an episode at a tool timeout; keep on_timeout='feedback', "
-                             "or use ReToolRollout")
-        self.error_format = parse_error_format(self.config.error_format)
-        self.reward_fn = get_reward_fn(self.config.reward, **self.config.reward_kwargs)
-        self.answer: str | None = None
-        self.tool_calls: list[ToolCallRecord] = []
-        self.grade: Grade | None = None  # the final answer's, from grade_final_answers
-        self.num_turns = 0
-        self.num_tool_rounds: int | None = None
-        self._session: str | None = None
-
-    @property
-    def sandbox(self) -> Sandbox:
-        sandbox = self.config.sandbox
-        return shared_sandbox(sandbox) if isinstance(sandbox, str) else sandbox
-
-    def reset(self, **row: Any) -> None:
-        """A new episode for the dataset row, which must carry the gold `answer`; the prompt stays the row's."""
-        if "answer" not in row:
-            raise KeyError("CodeInterpreterEnvironment needs the gold answer in the dataset's `answer` column; build "
-                           "the dataset with problems_to_dataset(problems, prompt=...)")
-        self._end_session()
-        self.answer, self.tool_calls, self.grade, self.num_turns = str(row["answer"]), [], None, 0
-        self.num_tool_rounds = None
-        self._session = f"trl-episode-{next(_trl_episodes)}" if self.config.stateful else None
-
-    def code_interpreter(self, code: str):  # no return annotation: TRL would add it to the tool's schema
-        code = strip_code_fences(code) if isinstance(code, str) else ""
-        if self._tool_stats().executed >= self.config.max_tool_calls:
-            text, status, duration = (f"Error: the budget of {self.config.max_tool_calls} tool calls is spent; "
-                                      f"give the final answer now."), ToolStatus.SKIPPED, 0.0
-        elif not code.strip():
-            text, status, duration = "Error: the code is empty.", ToolStatus.INVALID, 0.0
-        else:
-            result = run_sync(self.sandbox.run(code, timeout=self.config.tool_timeout, session=self._session))
-            text, status, duration = result.output or EMPTY_OUTPUT, result.status, result.duration
-            if status != ToolStatus.OK:
-                text = format_error(text, self.error_format)
-        text = clip_tokens(text, self.tokenizer, self.config.max_observation_tokens)
-        self.tool_calls.append(ToolCallRecord(code, text, status, duration))
-        return text
-
-    # TRL builds the tool's schema from this docstring: make it the schema ToolEnvironment's prompts advertise.
-    code_interpreter.__doc__ = "{description}\n\nArgs:\n    code: {code}\n".format(
-        description=CODE_INTERPRETER_TOOL["function"]["description"],
-        code=CODE_INTERPRETER_TOOL["function"]["parameters"]["properties"]["code"]["description"])
-
-    def get_reward(self) -> float:
-        """The reward scheme's value for the graded final answer and the episode's tool calls."""
-        if self.grade is None:
-            raise RuntimeError("CodeInterpreterEnvironment has not seen the rollout's final answer: put "
-                               "grade_final_answers in GRPOTrainer's reward_funcs (weight 0); it hands the answer "
-                               "over. AsyncGRPOTrainer shows its reward functions no environment: there, use "
-                               "retool_adapters.trl_async.ReToolRolloutWorker")
-        return float(self.reward_fn(self.grade, self._episode_stats()))
-
-    def _tool_stats(self) -> ToolStats:
-        return ToolStats.of([call.status for call in self.tool_calls])
-
-    def _episode_stats(self) -> EpisodeStats:
-        tools = self._tool_stats()
-        return EpisodeStats(num_tool_calls=tools.executed, num_turns=self.num_turns, num_tool_rounds=self.num_tool_rounds,
-                            num_tool_errors=tools.failed + tools.invalid, num_tool_timeouts=tools.timeouts,
-                            truncated=tools.skipped > 0, finish_reason="max_tool_calls" if tools.skipped else "answer")
-
-    def _grade_final_answer(self, completion: str | list[dict]) -> Grade:
-        """Grade the model's last message: the only text ever graded, never the interpreter's output."""
-        if self.answer is None:
-            raise RuntimeError("reset() was never called on this environment")
-        messages = completion if isinstance(completion, list) else [{"role": "assistant", "content": completion}]
-        replies = [m for m in messages if m.get("role") == "assistant"]
-        text = replies[-1].get("content") if replies else None
-        self.num_turns = len(replies)
-        self.num_tool_rounds = self._count_tool_rounds([len(m.get("tool_calls") or []) for m in replies])
-        self.grade = grade(text if isinstance(text, str) else "", self.answer)
-        self._end_session()
-        return self.grade
-
-    def _count_tool_rounds(self, calls_per_reply: list[int]) -> int | None:
-        """Turns in which a call ran, matching the calls in the order TRL ran them to the assistant messages that wrote
-        them (a last round TRL did not run is left over); None when they do not match (then the reward takes one
-        call per round)."""
-        calls, rounds = iter(self.tool_calls), 0
-        for n in calls_per_reply:
-            batch = list(itertools.islice(calls, n))
-            rounds += any(call.status not in NOT_RUN for call in batch)
-        return rounds if next(calls, None) is None else None
-
-    def _end_session(self) -> None:
-        if self._session is not None:
-            session, self._session = self._session, None
-            run_sync(self.sandbox.close_session(session))
-
-
-_trl_episodes = itertools.count()
-
-
-def grade_final_answers(completions: list, environments: list | None = None, **kwargs: Any) -> list[float | None]:
-    """1.0 for a correct final answer, else 0.0, graded in each rollout's `CodeInterpreterEnvironment`, which keeps
-    the grade for its `get_reward()`. Give it weight 0: the environment's column is the reward."""
-    if environments is None:
-        raise ValueError("grade_final_answers grades in the rollouts' environments: pass GRPOTrainer an "
-                         "environment_factory that makes CodeInterpreterEnvironments")
-    return [float(env._grade_final_answer(completion).correct) if isinstance(env, CodeInterpreterEnvironment)
-            else None for completion, env in zip(completions, environments, strict=True)]

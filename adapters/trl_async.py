@@ -36,12 +36,13 @@ from typing import Any
 
 import numpy as np
 
-from retool_adapters.trl import env_episode_stats, episode_metrics, has_void_turn, index_problems
+from retool_adapters.trl import episode_metrics, index_problems
 from retool_env.config import EnvConfig
 from retool_env.data import Problem
 from retool_env.env import ToolEnvironment
+from retool_env.filters import TrainingPlan, TrajectoryFilters
 from retool_env.records import RecordWriter, episode_record
-from retool_env.rewards import sign_safe_rewards
+from retool_env.rewards import EpisodeStats
 from retool_env.rollout import Generation, Generator, SamplingParams, derive_seed, run_episodes
 from retool_env.trajectory import Trajectory
 
@@ -86,8 +87,14 @@ class ReToolRolloutWorker:
     `retool_env.rewards.sign_safe_rewards` before its advantages, so no correct episode gets a negative one.
     `records_path` appends every episode of every group (`retool_env.records`; `policy_version` the oldest of its
     turns, `filtered` naming `void_turn` or `stale`, a sample dropped as too stale) to a JSONL file, from the worker's
-    thread, as each group ends. RoC down-sampling is not offered here yet (it would oversample for real: play 2n,
-    queue n).
+    thread, as each group ends.
+
+    `accuracy_filter=(low, high)` and `roc_down_sample=n` are `ReToolRollout`'s (SimpleTIR, rStar2-Agent's GRPO-RoC;
+    `retool_env.filters`), with the papers' oversampling for real, as the worker's batch has no fixed shape: a group
+    outside the accuracy range, or (RoC) whose rewards are all equal, is not queued at all, and the next group
+    takes its place; of a RoC group (play it with `num_generations=2n`) the n kept are queued, their advantages
+    over those n alone. `retool/filtered_groups`, `retool/roc_rejected_groups` and `retool/roc_dropped` log the
+    shares, the records name each episode's filters.
     """
 
     def __init__(
@@ -105,6 +112,8 @@ class ReToolRolloutWorker:
         queue_maxsize: int = 0,
         seed: int = 0,
         mask_void_turns: bool = False,
+        accuracy_filter: tuple[float, float] | None = None,
+        roc_down_sample: int | None = None,
         sign_safe_shaping: bool = False,
         records_path: str | None = None,
         **env_kwargs: Any,
@@ -125,7 +134,10 @@ class ReToolRolloutWorker:
         self.env_config = EnvConfig(**env_kwargs)
         self.seed = seed
         self.mask_void_turns = mask_void_turns
+        self.accuracy_filter = accuracy_filter
+        self.roc_down_sample = roc_down_sample
         self.sign_safe_shaping = sign_safe_shaping
+        TrajectoryFilters(mask_void_turns, accuracy_filter, roc_down_sample, sign_safe_shaping)  # checks them
         self.records = None if records_path is None else RecordWriter(records_path)
         self._record_env: ToolEnvironment | None = None
         self.rollout_buffer: queue.Queue = queue.Queue(maxsize=queue_maxsize)
@@ -219,17 +231,21 @@ class ReToolRolloutWorker:
             concurrency=self.num_generations, sampling=self.group_sampling(group_id), episode_timeout=self.episode_timeout,
             require_logprobs=True, partial_rollout=self.partial_rollout, progress=False,
         )
-        samples = self.to_samples(trajectories, group_id)
+        plan = self.training_plan(trajectories, group_id)
+        samples = self.to_samples(trajectories, group_id, plan=plan)
         fresh = [s for s in samples if self.max_staleness is None
                  or self.model_version - s.model_version <= self.max_staleness]
-        self._push_metrics(trajectories, dropped_stale=len(samples) - len(fresh))  # first: a reader of a sample has them
+        self._push_metrics(trajectories, dropped_stale=len(samples) - len(fresh), plan=plan)  # first: see a sample
         if self.records is not None:
-            self.write_records(trajectories, samples, fresh, group_id)
+            self.write_records(trajectories, samples, fresh, group_id, plan=plan)
         for sample in fresh:
             if not await self._enqueue(sample):
                 return
         if samples:
             self._heartbeat = time.time()
+        elif any(not t.aborted and t.completion_ids for t in trajectories):  # the filters took the whole group
+            names = sorted({name for filters in plan.filters for name in filters})
+            self._last_failure = f"every episode of the group was filtered out ({', '.join(names)})"
         else:  # every episode failed: check_health says why once no group has succeeded for too long
             self._last_failure = trajectories[0].finish_reason if trajectories else "no episode ran"
 
@@ -249,50 +265,69 @@ class ReToolRolloutWorker:
         return ToolEnvironment(self.tokenizer, self.problems, **self.env_config)
 
     def write_records(self, trajectories: Sequence[Trajectory], samples: Sequence[Any], fresh: Sequence[Any],
-                      group_id: int) -> None:
-        """Append the group's episodes to `records_path` (see `retool_env.records`)."""
+                      group_id: int, plan: TrainingPlan | None = None) -> None:
+        """Append the group's episodes to `records_path` (see `retool_env.records`); `samples` are `to_samples`'s."""
         if self._record_env is None:
             self._record_env = self._make_env()
-        env, seed, trained = self._record_env, self.group_sampling(group_id).seed, self.trained_rewards(trajectories)
+        plan = plan or self.training_plan(trajectories, group_id)
+        env, seed = self._record_env, self.group_sampling(group_id).seed
         queued, by_episode, records = {id(s) for s in fresh}, iter(samples), []
         for j, traj in enumerate(trajectories):
             failed = traj.aborted or not traj.completion_ids
-            sample = None if failed else next(by_episode)
-            mask = None if sample is None else sample.completion_mask[len(traj.prompt_ids):].tolist()
-            filtered = [] if sample is None else (["void_turn"] if not any(mask) else []) + (
-                [] if id(sample) in queued else ["stale"])
+            sample = None if failed or not self.is_queued(plan.filters[j]) else next(by_episode)
+            mask = (None if failed else [0] * len(traj.env_mask) if sample is None
+                    else sample.completion_mask[len(traj.prompt_ids):].tolist())
+            filtered = list(plan.filters[j]) + ([] if sample is None or id(sample) in queued else ["stale"])
             versions = [v for v in traj.policy_versions if v is not None]
             records.append(episode_record(
                 traj, decode=env.tokenizer.decode,
-                episode_stats=None if failed else env_episode_stats(traj), reward_scheme=env.config.reward,
+                episode_stats=None if failed else EpisodeStats.of(traj), reward_scheme=env.config.reward,
                 reward_kwargs=env.config.reward_kwargs, env_mask=mask, filtered=filtered,
                 question=self._questions.get(traj.problem_id), policy_version=min(versions, default=None),
                 seed=None if seed is None else seed + j, group=group_id, mode="train",
-                trained_reward=trained[j]))
+                trained_reward=None if sample is None else plan.rewards[j]))
         self.records.write(records)
 
     # ----------------------------------------------------------------------------------------- samples, metrics
-    def trained_rewards(self, trajectories: Sequence[Trajectory]) -> list[float | None]:
-        """The group's rewards as its advantages see them: None for a failed episode; `sign_safe_shaping` applied."""
-        rewards = [None if t.aborted or not t.completion_ids else t.reward for t in trajectories]
-        return sign_safe_rewards(rewards, [t.correct for t in trajectories]) if self.sign_safe_shaping else rewards
+    @property
+    def filters(self) -> TrajectoryFilters:
+        """The trajectory filter options, as `retool_env.filters` applies them."""
+        return TrajectoryFilters(self.mask_void_turns, self.accuracy_filter, self.roc_down_sample,
+                                 self.sign_safe_shaping)
 
-    def to_samples(self, trajectories: Sequence[Trajectory], group_id: int) -> list[Any]:
-        """The group's episodes as TRL `RolloutSample`s, failed episodes left out (their advantage would be 0)."""
+    def training_plan(self, trajectories: Sequence[Trajectory], group_id: int) -> TrainingPlan:
+        """The filters' plan of one group (`TrajectoryFilters.plan`), RoC's draw seeded by the worker and group."""
+        return self.filters.plan(trajectories, [group_id] * len(trajectories),
+                                 roc_seed=derive_seed(self.seed, "roc", group_id))
+
+    @staticmethod
+    def is_queued(filters: Sequence[str]) -> bool:
+        """Whether an episode with these filters is queued: a void turn's is (masked), the group filters' not."""
+        return not set(filters) & {"accuracy", "roc", "roc_equal_reward"}
+
+    def trained_rewards(self, trajectories: Sequence[Trajectory], group_id: int = 0) -> list[float | None]:
+        """The group's rewards as its advantages see them: None for a failed episode or one RoC dropped;
+        `sign_safe_shaping` applied."""
+        return self.training_plan(trajectories, group_id).rewards
+
+    def to_samples(self, trajectories: Sequence[Trajectory], group_id: int,
+                   plan: TrainingPlan | None = None) -> list[Any]:
+        """The group's queued episodes as TRL `RolloutSample`s: failed episodes left out (their advantage would be
+        0), and those the group filters took out (`is_queued`)."""
         from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
+        plan = plan or self.training_plan(trajectories, group_id)
         failed = [t.aborted or not t.completion_ids for t in trajectories]
-        rewards = self.trained_rewards(trajectories)
-        advantages = group_advantages(rewards)
-        scored = [r for r in rewards if r is not None]
+        advantages = group_advantages(plan.rewards)
+        scored = [r for r in plan.rewards if r is not None]
         reward_std = float(np.std(scored)) if scored else float("nan")
         samples = []
-        for traj, bad, advantage in zip(trajectories, failed, advantages, strict=True):
-            if bad:
+        for traj, bad, filters, advantage in zip(trajectories, failed, plan.filters, advantages, strict=True):
+            if bad or not self.is_queued(filters):
                 continue
             versions = [v for v in traj.policy_versions if v is not None]
             prompt = len(traj.prompt_ids)
-            void = self.mask_void_turns and has_void_turn(traj)
+            void = "void_turn" in filters
             samples.append(RolloutSample(
                 prompt=[], completion=[],
                 input_ids=np.asarray(traj.prompt_ids + traj.completion_ids, dtype=np.int64),
@@ -308,9 +343,16 @@ class ReToolRolloutWorker:
             ))
         return samples
 
-    def _push_metrics(self, trajectories: Sequence[Trajectory], dropped_stale: int) -> None:
+    def _push_metrics(self, trajectories: Sequence[Trajectory], dropped_stale: int,
+                      plan: TrainingPlan | None = None) -> None:
         """`retool/*` as the synchronous path logs them, as (sum, count) rates the trainer pools over its window."""
         metrics: dict[str, Any] = {name: (sum(values), len(values))
                                    for name, values in episode_metrics(trajectories).items()}
         metrics["retool/dropped_stale_samples_total"] = float(dropped_stale)
+        filters = [] if plan is None else plan.filters
+        if self.accuracy_filter is not None:
+            metrics["retool/filtered_groups"] = (float(any("accuracy" in f for f in filters)), 1)
+        if self.roc_down_sample is not None and filters:
+            metrics["retool/roc_rejected_groups"] = (float(any("roc_equal_reward" in f for f in filters)), 1)
+            metrics["retool/roc_dropped"] = (float(sum("roc" in f for f in filters)), len(filters))
         self.metrics_queue.put(metrics)

@@ -34,10 +34,11 @@ except ModuleNotFoundError as exc:
     raise ModuleNotFoundError(f"retool_adapters.verifiers needs verifiers: pip install verifiers (missing {exc.name})",
                               name=exc.name) from exc
 
-from retool_env.env import EMPTY_OUTPUT, load_dataset_problems, shared_sandbox
+from retool_env.data import load_dataset_problems
 from retool_env.grading import agrade
 from retool_env.prompts import get_prompt
 from retool_env.rewards import EpisodeStats, get_reward_fn
+from retool_env.tool_runner import EMPTY_OUTPUT, shared_sandbox
 
 __all__ = ["EXECUTE_PYTHON_TOOL", "ReToolData", "ReToolHarness", "ReToolHarnessConfig", "ReToolTask",
            "ReToolTaskset", "ReToolTasksetConfig"]

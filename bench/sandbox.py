@@ -53,7 +53,7 @@ print(_buf.getvalue(), end="")
 
 FLOOR_WORKER = """
 import json, os, sys, time
-from retool_env.sandbox.server import PRELOAD, warm_up
+from retool_env.sandbox.forkserver.server import PRELOAD, warm_up
 warm_up(PRELOAD)  # the same imports, warm-up and gc.freeze() as the fork server
 code, concurrency, calls = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 devnull = os.open(os.devnull, os.O_WRONLY)

@@ -115,7 +115,8 @@ def _doctor(args: argparse.Namespace) -> int:
     import shutil
     import time
 
-    from retool_env.sandbox import LocalSandbox, isolation, probes
+    from retool_env.sandbox import LocalSandbox
+    from retool_env.sandbox.forkserver import isolation, probes
 
     start = time.perf_counter()
     directory, secret = _plant_dataset_canary()

@@ -13,8 +13,10 @@ env = ToolEnvironment(tokenizer, problems, **config)
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -88,6 +90,39 @@ class EnvConfig:
         with `overrides` replacing some."""
         return cls(**{**{f.name: getattr(settings, f.name) for f in fields(cls)}, **overrides})
 
+    @classmethod
+    def with_defaults(cls, *, taken_elsewhere: Sequence[str] = (), **defaults: Any) -> type[EnvConfig]:
+        """EnvConfig with other defaults for some fields, as the base of a script's arguments whose recipe differs
+        (SFT replays long solutions): `class DataArguments(EnvConfig.with_defaults(max_completion_tokens=16384))`.
+        The fields stay declared once, here, with their type and help. A default of None means the script fills the
+        field in (grpo_trl.py: GRPOConfig's `max_completion_length`). `taken_elsewhere` leaves fields off the
+        script's command line that another of its dataclasses declares too (GRPOConfig's chat_template_kwargs)."""
+        declared = {f.name: f for f in fields(cls)}
+        unknown = sorted({*defaults, *taken_elsewhere} - set(declared))
+        if unknown:
+            raise TypeError(f"EnvConfig has no field(s) {unknown}")
+        changed = []
+        for name in dict.fromkeys([*defaults, *taken_elsewhere]):
+            declared_field = declared[name]
+            default = defaults.get(name, declared_field.default)
+            annotation = str(declared_field.type)
+            if default is None and "None" not in annotation:
+                annotation += " | None"
+            changed.append((name, annotation, field(default=default, init=name not in taken_elsewhere,
+                                                     metadata=declared_field.metadata)))
+        variant = dataclasses.make_dataclass(f"{cls.__name__}WithDefaults", changed, bases=(cls,))
+        variant.__module__ = cls.__module__
+        return variant
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser, **defaults: Any) -> None:
+        """Every field as a `--flag` of an argparse parser (`max_tool_calls` as `--max-tool-calls`), for a script
+        that has no `TrlParser`; `defaults` replace some of the declared ones. Read back with `from_settings(args)`."""
+        group = parser.add_argument_group("environment (retool_env.EnvConfig)")
+        for f in fields(cls):
+            group.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=_argument_type(str(f.type)),
+                               default=defaults.get(f.name, f.default), help=f.metadata.get("help"))
+
     # A mapping of ToolEnvironment's keyword arguments: `ToolEnvironment(tokenizer, dataset, **config)`.
     def keys(self) -> Iterator[str]:
         return iter(f.name for f in fields(EnvConfig))
@@ -96,3 +131,11 @@ class EnvConfig:
         if name not in {f.name for f in fields(EnvConfig)}:
             raise KeyError(name)
         return getattr(self, name)
+
+
+def _argument_type(annotation: str) -> Callable[[str], Any]:
+    """How a command-line value becomes a field's value (dicts stay JSON text: `__post_init__` reads them)."""
+    kind = annotation.split("|")[0].strip()
+    if kind == "bool":
+        return lambda text: text.strip().lower() in ("1", "true", "yes", "on")
+    return {"int": int, "float": float}.get(kind, str)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import atexit
+import dataclasses
 import itertools
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,83 +16,33 @@ from gymnasium import spaces
 
 from retool_env.chat import SAMPLE_MODES, Conversation, with_chat_template
 from retool_env.config import EnvConfig
-from retool_env.data import Problem
-from retool_env.formats import ParsedAction, ToolCall, make_format, prompt_messages
+from retool_env.data import Problem, load_dataset_problems
+from retool_env.formats import ParsedAction, make_format, prompt_messages
 from retool_env.grading import Grade, agrade
 from retool_env.prompts import get_prompt, render_prompt
 from retool_env.reasoning import END_THINK, THINK
 from retool_env.rewards import EpisodeStats, get_reward_fn
-from retool_env.sandbox import ExecResult, Sandbox, make_sandbox
-from retool_env.tokens import clip_tokens, decode
-from retool_env.trajectory import NOT_RUN, ToolCallRecord, ToolStatus, Trajectory
+from retool_env.sandbox import Sandbox
+from retool_env.tokens import decode, load_tokenizer
+from retool_env.tool_runner import ToolRunner
+from retool_env.trajectory import ToolCallRecord, Trajectory
 
-EMPTY_OUTPUT = "(no output)"
-ON_TIMEOUT = ("feedback", "abort")
-LAST_LINE_CHARS = 400  # the ReTool evaluation's cut of a traceback's last line
-
-
-def parse_error_format(spec: str) -> tuple[str, int]:
-    """`EnvConfig.error_format` read: ("full", 0), ("last_line", 400) or ("head_tail", N)."""
-    kind, _, size = str(spec).partition(":")
-    if kind in ("full", "last_line") and not size:
-        return kind, LAST_LINE_CHARS if kind == "last_line" else 0
-    if kind == "head_tail" and size.isdigit() and int(size) >= 2:
-        return kind, int(size)
-    raise ValueError(f"error_format must be full, last_line or head_tail:N (N >= 2), not {spec!r}")
-
-
-def format_error(text: str, error_format: tuple[str, int]) -> str:
-    """What the model is shown of a failed call's output (`EnvConfig.error_format`); linear in the output."""
-    kind, size = error_format
-    if kind == "last_line":
-        lines = [line for line in text.splitlines() if line.strip()]
-        return (lines[-1] if lines else text)[:size]
-    if kind == "head_tail" and len(text) > size:
-        return f"{text[:size // 2]}\n...\n{text[len(text) - size // 2:]}"
-    return text
-_shared_sandboxes: dict[str, Sandbox] = {}
 _episode_counter = itertools.count()
 
-
-def shared_sandbox(spec: str) -> Sandbox:
-    """One sandbox per spec for the whole process: many environments share one fork server."""
-    if spec not in _shared_sandboxes:
-        _shared_sandboxes[spec] = make_sandbox(spec)
-    return _shared_sandboxes[spec]
-
-
-@atexit.register
-def _close_shared_sandboxes() -> None:
-    for sandbox in _shared_sandboxes.values():
-        sandbox.close()
+# `reset(options=...)` keys that replace a setting of `EnvConfig` for one episode: budgets and tool settings, which
+# need nothing rebuilt (tool format, prompt, sandbox, reward and chat template are fixed at construction).
+EPISODE_OVERRIDES = ("max_tool_calls", "max_completion_tokens", "max_observation_tokens", "max_turn_tokens",
+                     "max_model_len", "tool_timeout", "error_format", "on_timeout")
+RESET_OPTIONS = ("problem", "index", *EPISODE_OVERRIDES)
 
 
-def load_tokenizer(tokenizer: Any) -> Any:
-    """A tokenizer object, or one loaded by name or path with transformers."""
-    if not isinstance(tokenizer, str):
-        return tokenizer
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(tokenizer)
-    except OSError as exc:
-        raise ValueError(f"cannot load tokenizer {tokenizer!r} (offline machines need a local path, or pass a "
-                         f"tokenizer object such as retool_env.offline.qwen_tokenizer())") from exc
-
-
-def load_dataset_problems(dataset: Any, split: str | None = None) -> list[Problem]:
-    """Problems from a list of Problems or dicts, or from anything `retool_env.data.load_problems` reads."""
-    if dataset is None:
-        raise ValueError("ToolEnvironment needs a dataset: a list of Problems, a file, or a name like 'arith'")
-    if isinstance(dataset, str) or hasattr(dataset, "__fspath__"):
-        from retool_env.data import load_problems
-
-        problems = load_problems(dataset, split=split)
-    else:
-        problems = [p if isinstance(p, Problem) else Problem.from_dict(p) for p in dataset]
-    if not problems:
-        raise ValueError("the dataset has no problems")
-    return problems
+def _check_budgets(config: EnvConfig) -> EnvConfig:
+    """The config, once its episode settings are valid (the tool settings are `ToolRunner`'s to check)."""
+    if config.max_completion_tokens < 1:
+        raise ValueError(f"max_completion_tokens={config.max_completion_tokens!r}: a token budget must be at least 1")
+    if config.sample_mode not in SAMPLE_MODES:
+        raise ValueError(f"sample_mode must be one of {SAMPLE_MODES}, not {config.sample_mode!r}")
+    return config
 
 
 @dataclass
@@ -153,7 +103,8 @@ class ToolEnvironment(gym.Env):
 
     ## Starting State
     A problem drawn with the environment's seeded RNG, or chosen with `options={"index": i}` or
-    `options={"problem": Problem | dict}`.
+    `options={"problem": Problem | dict}`. `options` may also set an episode's budgets and tool settings
+    (`EPISODE_OVERRIDES`, see `reset`); any other key is refused.
 
     ## Episode End
     Terminated when the model answers (a turn without a tool call). Truncated when a turn is cut off by the token
@@ -199,33 +150,14 @@ class ToolEnvironment(gym.Env):
     ) -> None:
         if render_mode not in (None, "ansi"):
             raise ValueError(f"render_mode must be None or 'ansi', not {render_mode!r}")
-        config = EnvConfig(**config)  # the defaults, and a TypeError naming any unknown argument
-        for name in ("max_completion_tokens", "max_observation_tokens"):
-            if getattr(config, name) < 1:
-                raise ValueError(f"{name}={getattr(config, name)!r}: a token budget must be at least 1")
-        if config.max_tool_calls < 0:
-            raise ValueError(f"max_tool_calls={config.max_tool_calls!r}: must be 0 (no tool) or more")
-        if config.on_timeout not in ON_TIMEOUT:
-            raise ValueError(f"on_timeout must be one of {ON_TIMEOUT}, not {config.on_timeout!r}")
-        self.error_format = parse_error_format(config.error_format)
-        if config.sample_mode not in SAMPLE_MODES:
-            raise ValueError(f"sample_mode must be one of {SAMPLE_MODES}, not {config.sample_mode!r}")
-        self.tokenizer = with_chat_template(load_tokenizer(tokenizer), config.chat_template)
+        self.config = _check_budgets(EnvConfig(**config))  # the defaults, and a TypeError naming any unknown argument
+        self.episode_config = self.config  # with `reset(options=...)`'s overrides for the current episode
+        self.tokenizer = with_chat_template(load_tokenizer(tokenizer), self.config.chat_template)
         self.problems = load_dataset_problems(dataset, split=split)
-        self.config = config
-        self.chat_template_kwargs = dict(config.chat_template_kwargs or {})
-        self.format = make_format(config.tool_format, self.tokenizer, self.chat_template_kwargs)
-        self.prompt = get_prompt(config.prompt or self.format.default_prompt)
-        self.sandbox = shared_sandbox(config.sandbox) if isinstance(config.sandbox, str) else config.sandbox
-        self.reward_fn = get_reward_fn(config.reward, **config.reward_kwargs)
-        self.max_tool_calls = config.max_tool_calls
-        self.max_completion_tokens = config.max_completion_tokens
-        self.max_observation_tokens = config.max_observation_tokens
-        self.max_turn_tokens = config.max_turn_tokens
-        self.max_model_len = config.max_model_len
-        self.tool_timeout = config.tool_timeout
-        self.stateful = config.stateful
-        self.sample_mode = config.sample_mode
+        self.format = make_format(self.config.tool_format, self.tokenizer, self.config.chat_template_kwargs)
+        self.prompt = get_prompt(self.config.prompt or self.format.default_prompt)
+        self.tools = ToolRunner(self.config, self.tokenizer)  # budget, sandbox and observation text of a tool call
+        self.reward_fn = get_reward_fn(self.config.reward, **self.config.reward_kwargs)
         self.render_mode = render_mode
         self.vocab_size = vocab_size or len(self.tokenizer)
         self.action_space = spaces.Sequence(spaces.Discrete(self.vocab_size), stack=True)
@@ -243,9 +175,22 @@ class ToolEnvironment(gym.Env):
 
     # ----------------------------------------------------------------------------------------------------- reset
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        """A new episode. `options`: `problem` (a Problem or dict) or `index` (into the dataset) picks the problem,
+        else the seeded RNG draws one; any of `EPISODE_OVERRIDES` (budgets and tool settings: `max_tool_calls`,
+        `max_completion_tokens`, `max_observation_tokens`, `max_turn_tokens`, `max_model_len`, `tool_timeout`,
+        `error_format`, `on_timeout`) replaces the `EnvConfig` setting for this episode only
+        (`env.unwrapped.episode_config`)."""
+        options = dict(options or {})
+        unknown = sorted(set(options) - set(RESET_OPTIONS))
+        if unknown:
+            raise ValueError(f"unknown reset option(s) {unknown}: reset(options=...) accepts {list(RESET_OPTIONS)} "
+                             f"(other settings are fixed when the environment is built)")
+        overrides = {name: options[name] for name in EPISODE_OVERRIDES if name in options}
+        config = _check_budgets(dataclasses.replace(self.config, **overrides)) if overrides else self.config
+        tools = self.tools if self.tools.config == config else ToolRunner(config, self.tokenizer)
         super().reset(seed=seed)
         self._end_session()
-        options = options or {}
+        self.episode_config, self.tools = config, tools
         if "problem" in options:
             problem = options["problem"]
             self.problem = problem if isinstance(problem, Problem) else Problem.from_dict(problem)
@@ -253,26 +198,32 @@ class ToolEnvironment(gym.Env):
             self.problem = self.problems[int(options["index"])]
         else:
             self.problem = self.problems[int(self.np_random.integers(len(self.problems)))]
+        template_kwargs = config.chat_template_kwargs
         messages = prompt_messages(self.prompt, self.problem.question, self.format.system_prompt)
-        if self.format.system_prompt is None and not self.chat_template_kwargs:
+        if self.format.system_prompt is None and not template_kwargs:
             prompt_ids = render_prompt(self.tokenizer, self.prompt, self.problem.question, self.format.tools)
         else:  # the tools shown in the system message, or template options: rendered as the conversation is
             prompt_ids = list(self.tokenizer.apply_chat_template(
                 messages, tools=self.format.tools or None, add_generation_prompt=True, tokenize=True,
-                return_dict=False, **self.chat_template_kwargs))
+                return_dict=False, **template_kwargs))
         if self.format.tool_turns:  # tool results are turns the chat template renders, after the model's
             self._conversation = Conversation(self.tokenizer, messages, self.format.tools, self.format.turn_end,
-                                              self.chat_template_kwargs)
-        if self.max_model_len is not None and len(prompt_ids) >= self.max_model_len:
+                                              template_kwargs)
+        if config.max_model_len is not None and len(prompt_ids) >= config.max_model_len:
             raise ValueError(f"the prompt of problem {self.problem.id!r} has {len(prompt_ids)} tokens, not fewer than "
-                             f"max_model_len={self.max_model_len}; raise max_model_len or shorten the prompt")
+                             f"max_model_len={config.max_model_len}; raise max_model_len or shorten the prompt")
         self.trajectory = Trajectory(prompt_ids=prompt_ids, problem_id=self.problem.id, gold=self.problem.answer)
         self._thinking = decode(self.tokenizer, prompt_ids[-4:]).rstrip().endswith(THINK)
         self._answer_text = ""
-        self._session = f"episode-{next(_episode_counter)}" if self.stateful else None
+        self._session = f"episode-{next(_episode_counter)}" if config.stateful else None
         self._done = False
         self._last_results = []
         return np.asarray(prompt_ids, dtype=np.int64), self._info()
+
+    @property
+    def sandbox(self) -> Sandbox:
+        """The sandbox the episode's tool calls run in (`EnvConfig.sandbox`, one per spec for the process)."""
+        return self.tools.sandbox
 
     # ------------------------------------------------------------------------------------------------------ step
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
@@ -293,8 +244,8 @@ class ToolEnvironment(gym.Env):
         """`step` for asyncio: awaits the sandbox, so thousands of episodes can run in one process."""
         pending = self._take_action(action)
         if isinstance(pending, _PendingTools):
-            results = await asyncio.gather(*(self._run_async(call) for call in pending.parsed.tool_calls))
-            observed = self._observe(pending, list(results))
+            records = await self.tools.run_turn(pending.parsed.tool_calls, session=self._session, turn=pending.turn)
+            observed = self._observe(pending, records)
             if observed is not None:
                 return observed
             pending = True
@@ -334,8 +285,8 @@ class ToolEnvironment(gym.Env):
         if parsed.is_final:  # includes a turn that stopped early without an end token: read it as the answer
             traj.finish_reason = "answer"
             return False
-        if traj.num_tool_calls + sum(c.code is not None for c in parsed.tool_calls) > self.max_tool_calls:
-            traj.tool_calls.extend(ToolCallRecord(c.code, "", ToolStatus.SKIPPED, turn=turn) for c in parsed.tool_calls)
+        if self.tools.over_budget(traj.tool_calls, parsed.tool_calls):
+            traj.tool_calls.extend(self.tools.skipped(parsed.tool_calls, turn))
             traj.finish_reason = "max_tool_calls"
             return True
         return _PendingTools(parsed, turn)
@@ -357,37 +308,22 @@ class ToolEnvironment(gym.Env):
         return ids.tolist(), (None if logprobs is None else [float(x) for x in logprobs]), finish_reason
 
     # ------------------------------------------------------------------------------------------------ tool calls
-    async def _run_async(self, call: ToolCall) -> ExecResult | str:
-        if call.code is None:
-            return call.error or "invalid tool call"
-        return await self.sandbox.run(call.code, timeout=self.tool_timeout, session=self._session)
-
-    def _observe(self, pending: _PendingTools, results: Sequence[ExecResult | str]) -> tuple | None:
+    def _observe(self, pending: _PendingTools, records: list[ToolCallRecord]) -> tuple | None:
         """Record the tool results and append their rendering; None when it does not fit (the episode ends)."""
-        traj = self.trajectory
-        outputs, records = [], []
-        for call, result in zip(pending.parsed.tool_calls, results, strict=True):
-            if isinstance(result, str):  # a call that could not be parsed: tell the model what was wrong
-                text, status, duration = f"Error: {result}", ToolStatus.INVALID, 0.0
-            else:
-                text, status, duration = result.output or EMPTY_OUTPUT, result.status, result.duration
-                if status != ToolStatus.OK:
-                    text = format_error(text, self.error_format)
-            text = clip_tokens(text, self.tokenizer, self.max_observation_tokens)
-            outputs.append(text)
-            records.append(ToolCallRecord(call.code, text, status, duration, turn=pending.turn))
+        traj, config = self.trajectory, self.episode_config
         traj.tool_calls.extend(records)
-        if self.config.on_timeout == "abort" and any(r.status == ToolStatus.TIMEOUT for r in records):
+        if self.tools.aborts(records):
             traj.finish_reason = "tool_timeout"  # graded on what the model wrote, as the token budget's end is
             return None
         self._last_results = [{"code": r.code, "output": r.output, "status": r.status, "duration": r.duration}
                               for r in records]
+        outputs = [record.output for record in records]
         obs_ids, context_ids = self._next_context(pending.parsed, outputs)
         context_length = traj.context_length + len(obs_ids) if context_ids is None else len(context_ids)
-        if context_length - len(traj.episode_prompt_ids) >= self.max_completion_tokens:  # room for one token left
+        if context_length - len(traj.episode_prompt_ids) >= config.max_completion_tokens:  # room for one token left
             traj.finish_reason = "max_completion_tokens"
             return None
-        if self.max_model_len is not None and context_length >= self.max_model_len:
+        if config.max_model_len is not None and context_length >= config.max_model_len:
             traj.finish_reason = "max_model_len"
             return None
         if context_ids is None:
@@ -407,7 +343,7 @@ class ToolEnvironment(gym.Env):
             return [*parsed.closing_ids, *self.format.observation_ids(outputs)], None
         after = self._conversation.after_tools(parsed.text, parsed.closing_ids, self.format.tool_messages(outputs),
                                                parsed.tool_message, parsed.end_text)
-        if after.rewritten is None or self.sample_mode == "turn":
+        if after.rewritten is None or self.config.sample_mode == "turn":
             return after.appended, after.rewritten
         if not self.trajectory.rewritten_turns:
             warnings.warn("the chat template rewrote an earlier turn of the conversation, so the episode's tokens "
@@ -423,33 +359,25 @@ class ToolEnvironment(gym.Env):
         traj.truncated = truncated
         traj.correct, traj.pred, traj.strict_correct = result.correct, result.pred, result.strict_correct
         traj.graded_text = self._answer_text
-        traj.reward = float(self.reward_fn(result, self.episode_stats()))
+        traj.reward = float(self.reward_fn(result, EpisodeStats.of(traj)))
         self._done = True
         return np.zeros(0, dtype=np.int64), traj.reward, not truncated, truncated, self._info()
 
     def episode_stats(self) -> EpisodeStats:
-        traj, tools = self.trajectory, self.trajectory.tool_stats()
-        return EpisodeStats(
-            num_tool_calls=tools.executed,
-            num_turns=traj.num_turns,
-            num_tool_rounds=len({call.turn for call in traj.tool_calls if call.status not in NOT_RUN}),
-            num_tool_errors=tools.failed + tools.invalid,
-            num_tool_timeouts=tools.timeouts,
-            truncated=traj.truncated,
-            finish_reason=traj.finish_reason,
-        )
+        """What the reward scheme was given for the episode (`EpisodeStats.of` its trajectory)."""
+        return EpisodeStats.of(self.trajectory)
 
     def _room(self) -> int:
         """Tokens the next turn may hold before the completion budget or the context cap runs out."""
-        traj = self.trajectory
-        room = self.max_completion_tokens - traj.completion_length
-        if self.max_model_len is not None:
-            room = min(room, self.max_model_len - traj.context_length)
+        traj, config = self.trajectory, self.episode_config
+        room = config.max_completion_tokens - traj.completion_length
+        if config.max_model_len is not None:
+            room = min(room, config.max_model_len - traj.context_length)
         return max(0, room)
 
     def _max_new_tokens(self) -> int:
         remaining = self._room()
-        return min(remaining, self.max_turn_tokens or remaining)
+        return min(remaining, self.episode_config.max_turn_tokens or remaining)
 
     def _info(self) -> dict[str, Any]:
         traj = self.trajectory

@@ -193,6 +193,12 @@ class ToolFormat(ABC):
         return answer
 
     @classmethod
+    def sft_conversation(cls, segments: Iterable[Any], question: str) -> dict[str, Any]:
+        """A worked solution (segments with a `kind` and `content`, as `retool_env.data.sft.Segment`) as SFT data in
+        this format: the messages, and which parts are trained."""
+        raise ValueError(f"the {cls.name} format writes no SFT conversation; use retool or hermes")
+
+    @classmethod
     def model_turns(cls, segments: Iterable[Any], end_of_turn: str) -> list[str]:
         """The text of each model turn of a worked solution (segments with a `kind` and `content`, as
         `retool_env.data.sft.Segment`), split after every tool call; interpreter segments are the environment's part. A turn that calls the tool ends as the format's generation stops there; the last
@@ -360,6 +366,25 @@ class HermesFormat(ToolFormat):
         arguments = json.dumps({"code": code}, ensure_ascii=False)
         return f'<tool_call>\n{{"name": "{TOOL_NAME}", "arguments": {arguments}}}\n</tool_call>'
 
+    @classmethod
+    def sft_conversation(cls, segments: Iterable[Any], question: str) -> dict[str, Any]:
+        """OpenAI-style tool-calling messages (verl's layout) with `trainable` per message: assistant turns only."""
+        messages: list[dict[str, Any]] = [{"role": "user", "content": question}]
+        text: list[str] = []
+        for segment in segments:
+            if segment.kind == "code":
+                call = {"type": "function", "function": {"name": TOOL_NAME, "arguments": {"code": segment.content}}}
+                messages.append({"role": "assistant", "content": "\n\n".join(text), "tool_calls": [call]})
+                text = []
+            elif segment.kind == "interpreter":
+                messages.append({"role": "tool", "content": segment.content})
+            else:
+                text.append(segment.content)
+        if text:
+            messages.append({"role": "assistant", "content": "\n\n".join(text)})
+        return {"messages": messages, "tools": [CODE_INTERPRETER_TOOL],
+                "trainable": [m["role"] == "assistant" for m in messages]}
+
     @staticmethod
     def tool_messages(outputs: list[str]) -> list[dict[str, Any]]:
         """The interpreter outputs as the chat messages the template renders after the model's turn."""
@@ -410,6 +435,35 @@ class ReToolFormat(ToolFormat):
             return self.encode(self.interpreter_text(output))
         before, after = self.interpreter_text("\x00").split("\x00")
         return [*self.encode(before), *encode_text(self.tokenizer, output.rstrip("\n")), *self.encode(after)]
+
+    @classmethod
+    def sft_conversation(cls, segments: Iterable[Any], question: str) -> dict[str, Any]:
+        """One assistant string, `chunks` in order with a `trainable` flag, and the untrained spans. Interpreter
+        output carries its surrounding newlines, `"\\n<interpreter>\\n...\\n</interpreter>\\n\\n"`, which is
+        exactly what the environment inserts after `</code>`, so the trained text is what the model generates there."""
+        pieces: list[tuple[str, bool]] = []
+        for segment in segments:
+            if segment.kind == "interpreter":
+                pieces.append((cls.interpreter_text(segment.content), False))
+                continue
+            if pieces and pieces[-1][1]:  # blank line between model-written pieces
+                pieces[-1] = (pieces[-1][0] + "\n\n", True)
+            write = {"code": cls.call_text, "answer": cls.answer_text}.get(segment.kind, str)
+            pieces.append((write(segment.content), True))
+        chunks: list[dict[str, Any]] = []
+        for text, trainable in pieces:
+            if chunks and chunks[-1]["trainable"] == trainable:
+                chunks[-1]["text"] += text
+            else:
+                chunks.append({"text": text, "trainable": trainable})
+        content, masked_spans, start = "", [], 0
+        for chunk in chunks:
+            content += chunk["text"]
+            if not chunk["trainable"]:
+                masked_spans.append((start, len(content)))
+            start = len(content)
+        messages = [{"role": "user", "content": question}, {"role": "assistant", "content": content}]
+        return {"messages": messages, "chunks": chunks, "masked_spans": masked_spans}
 
     @staticmethod
     def interpreter_text(output: str) -> str:

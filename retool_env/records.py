@@ -16,11 +16,13 @@ One record (`SCHEMA_VERSION` 1; every field always present, None where unknown):
 
 - `schema`: 1. `mode`: "train" or "eval". `policy_version`: the trainer's global step when the episode was generated
   (TRL's `rollout_func`), or the oldest policy version of its turns (the asynchronous worker). `seed`: the episode's
-  sampling seed (None: unseeded). `group`: the index of the episode's GRPO group within its call or worker.
+  sampling seed (None: unseeded). `group`: the episode's GRPO group: its index within the call (TRL) or worker
+  (async), the prompt's `uid` (verl), the sample's `group_index` (slime).
 - `problem_id`, `question`, `gold`.
 - `prompt_ids`, `completion_ids`, `env_mask`: the tokens exactly as trained (`env_mask` after the filters, so all 0
   for an episode a filter took out of the loss), and `filtered`: the filters that did (`void_turn`, `accuracy`,
-  `roc`), `[]` when none did.
+  `roc`, `roc_equal_reward`, `stale`; `retool_env.filters`), `[]` when none did. verl and slime decide group filters
+  after the episode is written, so their records name `void_turn` only.
 - `turns`: per model turn, `model` (its decoded text), `env` (the decoded environment tokens after it), `tool_calls`
   (how many it wrote) and `policy_version`.
 - `tool_calls`: per call, `turn`, `code`, `status` (a `ToolStatus`), `output` (the text the model was shown) and
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -47,8 +50,8 @@ from retool_env.grading import Grade, extract_answer, grade, strict_box_correct
 from retool_env.rewards import REWARD_SCHEMES, EpisodeStats, get_reward_fn
 from retool_env.trajectory import Trajectory
 
-__all__ = ["GRADERS", "SCHEMA_VERSION", "RecordWriter", "RegradeReport", "episode_record", "read_records", "regrade",
-           "reward_scheme_name"]
+__all__ = ["GRADERS", "SCHEMA_VERSION", "RecordWriter", "RegradeReport", "episode_record", "process_record_writer",
+           "read_records", "regrade", "reward_scheme_name"]
 
 SCHEMA_VERSION = 1
 
@@ -114,6 +117,20 @@ class RecordWriter:
             with self.path.open("a", encoding="utf-8") as f:
                 f.write(lines)
             self.written += lines.count("\n")
+
+
+_process_writers: dict[str, RecordWriter] = {}
+
+
+def process_record_writer(path: str | os.PathLike) -> RecordWriter:
+    """This process's `RecordWriter` for `path`, on a file of its own (`records.<host>-<pid>.jsonl`): for trainers
+    that play episodes in several worker processes (verl's agent loop workers, slime's rollout) without telling the
+    adapter its rank. One writer per path and process, however often an adapter asks."""
+    key = os.fspath(path)
+    if key not in _process_writers:
+        root, ext = os.path.splitext(key)
+        _process_writers[key] = RecordWriter(f"{root}.{socket.gethostname()}-{os.getpid()}{ext or '.jsonl'}")
+    return _process_writers[key]
 
 
 def read_records(path: str | os.PathLike) -> Iterator[dict[str, Any]]:

@@ -57,8 +57,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from retool_env.grading import Grade
+from retool_env.trajectory import NOT_RUN, ToolCallRecord, ToolStats, Trajectory
 
-__all__ = ["REWARD_SCHEMES", "SHAPING_UNITS", "EpisodeStats", "RewardFn", "get_reward_fn", "sign_safe_rewards"]
+__all__ = ["REWARD_SCHEMES", "SHAPING_UNITS", "EpisodeStats", "RewardFn", "count_tool_rounds", "get_reward_fn",
+           "sign_safe_rewards"]
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,23 @@ class EpisodeStats:
     truncated: bool = False  # the episode hit a token or turn budget before a final answer
     finish_reason: str = ""
 
+    @classmethod
+    def of(cls, trajectory: Trajectory) -> EpisodeStats:
+        """What the reward scheme is given for an episode: the counts of its trajectory. Every path that rewards a
+        `Trajectory` (the environment, the adapters, the records) takes its statistics from here."""
+        return cls.of_calls(trajectory.tool_calls, num_turns=trajectory.num_turns,
+                            num_tool_rounds=count_tool_rounds(trajectory.tool_calls),
+                            truncated=trajectory.truncated, finish_reason=trajectory.finish_reason)
+
+    @classmethod
+    def of_calls(cls, calls: Sequence[ToolCallRecord], *, num_turns: int, num_tool_rounds: int | None,
+                 truncated: bool, finish_reason: str) -> EpisodeStats:
+        """The statistics of an episode known by its tool calls alone (TRL's tool loop keeps no trajectory)."""
+        tools = ToolStats.of([call.status for call in calls])
+        return cls(num_tool_calls=tools.executed, num_turns=num_turns, num_tool_rounds=num_tool_rounds,
+                   num_tool_errors=tools.failed + tools.invalid, num_tool_timeouts=tools.timeouts,
+                   truncated=truncated, finish_reason=finish_reason)
+
     @property
     def successful_calls(self) -> int:
         """Executed calls that ran cleanly, less any invalid call (the counts keep failed and invalid calls together):
@@ -84,6 +103,11 @@ class EpisodeStats:
         """Tool rounds, the ReTool shaping's k; where a caller did not count them, one call per round is assumed (as
         in slime's ReTool `generate`, whose `tool_call_count` is the only count a bare sample has)."""
         return self.num_tool_calls if self.num_tool_rounds is None else self.num_tool_rounds
+
+
+def count_tool_rounds(calls: Sequence[ToolCallRecord]) -> int:
+    """Model turns in which the sandbox ran at least one call (`ToolCallRecord.turn`): the ReTool shaping's k."""
+    return len({call.turn for call in calls if call.status not in NOT_RUN})
 
 
 RewardFn = Callable[[Grade, EpisodeStats], float]

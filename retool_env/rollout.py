@@ -10,7 +10,7 @@ import asyncio
 import dataclasses
 import hashlib
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -76,8 +76,11 @@ async def run_episode(
     sampling: SamplingParams = SamplingParams(),
     require_logprobs: bool = False,
     partial_rollout: bool = True,
+    options: Mapping[str, Any] | None = None,
 ) -> Trajectory:
     """Play one episode: generate a turn, step the environment, repeat until it ends.
+
+    `options` go to `env.reset` with the problem (per-episode settings, e.g. `max_completion_tokens`).
 
     The next prompt is always `prompt_ids + completion_ids` of the trajectory, the exact tokens the model produced
     and the environment appended: nothing is decoded and re-tokenized between turns. Each turn keeps the generator's
@@ -88,7 +91,8 @@ async def run_episode(
     for every turn would replay turn 1's random draws in each later turn, which then are no samples of the policy.
     """
     env = getattr(env, "unwrapped", env)
-    _, info = env.reset(options={"problem": problem} if problem is not None else None)
+    options = {**(options or {}), **({"problem": problem} if problem is not None else {})}
+    _, info = env.reset(options=options or None)
     traj = env.trajectory
     while True:
         turn = len(traj.turns)
@@ -112,7 +116,7 @@ async def run_episode(
                   "finish_reason": generation.finish_reason}
         _, _, terminated, truncated, info = await env.astep(action)
         traj.turns[turn].policy_version = generation.policy_version
-        if getattr(env, "stateful", False) and any(r["status"] == ToolStatus.SANDBOX_ERROR for r in info["tool_results"]):
+        if getattr(getattr(env, "config", None), "stateful", False) and any(r["status"] == ToolStatus.SANDBOX_ERROR for r in info["tool_results"]):
             # The executor failed mid-episode: the session's variables may be gone, so later cells would run on a
             # state the model never built. Such an episode is not honest training data.
             raise EpisodeAborted("the sandbox failed in a stateful episode (its session state is lost)")

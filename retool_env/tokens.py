@@ -18,6 +18,19 @@ from typing import Any
 _added_patterns: weakref.WeakKeyDictionary[Any, re.Pattern[str] | None] = weakref.WeakKeyDictionary()
 
 
+def load_tokenizer(tokenizer: Any) -> Any:
+    """A tokenizer object, or one loaded by name or path with transformers."""
+    if not isinstance(tokenizer, str):
+        return tokenizer
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(tokenizer)
+    except OSError as exc:
+        raise ValueError(f"cannot load tokenizer {tokenizer!r} (offline machines need a local path, or pass a "
+                         f"tokenizer object such as retool_env.offline.qwen_tokenizer())") from exc
+
+
 def encode(tokenizer: Any, text: str) -> list[int]:
     """Token ids of text the environment or the template wrote (no BOS/EOS added, added tokens parsed); straight
     to the Rust tokenizer when there is one (it is on every step's path, and transformers' wrapper costs

@@ -7,16 +7,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stamp=.venv/.retool-env-installed
-want=$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
+want=$(cat pyproject.toml constraints.txt scripts/install.sh | sha256sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
+source scripts/install.sh
 # Quiet unless something fails: pip's output goes to a log, whose tail is shown on failure.
 log=.venv/setup.log
 : > "$log"
 echo "setup: installing .venv (a few minutes the first time; log: $log)"
 quiet() { "$@" >>"$log" 2>&1 || { tail -n 30 "$log" >&2; echo "setup: failed: $*" >&2; exit 1; }; }
-quiet .venv/bin/python -m pip install --upgrade pip
-quiet .venv/bin/python -m pip install torch==2.13.0
-quiet .venv/bin/python -m pip install -c constraints.txt -e ".[train,dev]"
+quiet venv_bootstrap .venv
+quiet venv_install_torch .venv
+quiet venv_install .venv -e ".[train,dev]"
 echo "$want" > "$stamp"
 echo "setup: .venv ready"

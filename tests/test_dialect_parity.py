@@ -186,5 +186,5 @@ def test_trls_chat_template_kwargs_reach_the_rollouts_environments():
     trainer = SimpleNamespace(args=SimpleNamespace(max_completion_length=64,
                                                    chat_template_kwargs={"enable_thinking": False}))
     env = ReToolRollout([PROBLEM], tokenizer=tok, chat_template="qwen3_6")._env_factory(trainer)()
-    assert env.chat_template_kwargs == {"enable_thinking": False}
+    assert env.config.chat_template_kwargs == {"enable_thinking": False}
     assert tok.decode(env.reset(options={"problem": PROBLEM})[0].tolist()).endswith("<think>\n\n</think>\n\n")

@@ -52,7 +52,7 @@ def test_hermes_episode_equals_chat_template(any_tok):
     prompt_ids, info = env.reset(options={"index": 0})
     messages = env.prompt.messages(PROBLEMS[0].question)
     assert prompt_ids.tolist() == render(tok, messages, add_generation_prompt=True)
-    assert info["stop_token_ids"] and info["max_new_tokens"] == env.max_completion_tokens
+    assert info["stop_token_ids"] and info["max_new_tokens"] == env.config.max_completion_tokens
 
     first = {"role": "assistant", "content": "Let me compute it.",
              "tool_calls": [{"type": "function", "function": {"name": "code_interpreter",
@@ -474,3 +474,48 @@ def test_templates_that_transform_tool_content_are_rendered_each_time(tiny_tok):
     expected = render(tok, [*messages, turn, {"role": "tool", "name": "code_interpreter", "content": output}],
                       add_generation_prompt=True)
     assert env.trajectory.prompt_ids + env.trajectory.completion_ids == expected
+
+
+# ----------------------------------------------------------------------------------- per-episode settings
+def test_reset_options_override_budgets_for_one_episode(tiny_tok):
+    env = make_env(tiny_tok, max_completion_tokens=640, max_tool_calls=2)
+    try:
+        _, info = env.reset(options={"index": 0, "max_completion_tokens": 320, "max_tool_calls": 0})
+        assert info["max_new_tokens"] == 320 and env.episode_config.max_tool_calls == 0
+        assert env.config.max_completion_tokens == 640  # the environment's own settings are untouched
+        end = env.format.end_token_ids[0]
+        _, _, _, truncated, info = env.step(ids(tiny_tok, call("print(1)"), end=False) + [end])
+        assert truncated and info["finish_reason"] == "max_tool_calls"  # the episode's budget: no call at all
+        _, info = env.reset(options={"index": 0})
+        assert info["max_new_tokens"] == 640 and env.episode_config is env.config  # the next episode: as built
+    finally:
+        env.close()
+
+
+def test_reset_refuses_unknown_options_and_bad_overrides(tiny_tok):
+    env = make_env(tiny_tok)
+    try:
+        with pytest.raises(ValueError, match=r"unknown reset option\(s\) \['tool_format'\].*accepts"):
+            env.reset(options={"tool_format": "retool"})
+        with pytest.raises(ValueError, match="max_completion_tokens=0"):
+            env.reset(options={"max_completion_tokens": 0})
+        with pytest.raises(ValueError, match="on_timeout"):
+            env.reset(options={"on_timeout": "ignore"})
+        assert env.reset(options={"index": 1})[1]["problem_id"] == "p1"  # a refused reset leaves it usable
+    finally:
+        env.close()
+
+
+def test_settings_live_on_the_config_alone(tiny_tok):
+    """EnvConfig is the one holder of settings: the environment carries no copy that could drift from it."""
+    from dataclasses import fields
+
+    from retool_env import EnvConfig
+
+    env = make_env(tiny_tok, max_tool_calls=3)
+    try:
+        copies = {f.name for f in fields(EnvConfig)} & set(vars(env)) - {"prompt"}  # env.prompt: the template built
+        assert not copies, f"config fields copied onto the environment: {copies}"
+        assert env.config.max_tool_calls == 3 and env.tools.config is env.config
+    finally:
+        env.close()

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from retool_env.data import Problem
-from retool_env.env import ToolEnvironment, format_error, parse_error_format
+from retool_env.env import ToolEnvironment
+from retool_env.tool_runner import format_error, parse_error_format
 
 PROBLEM = Problem(question="What is 6 times 7?", answer="42", id="six-sevens")
 

@@ -8,12 +8,11 @@ import json
 
 import pytest
 
-from retool_adapters.trl import env_episode_stats
 from retool_env.cli import main
 from retool_env.data import Problem
 from retool_env.env import ToolEnvironment
 from retool_env.records import RecordWriter, episode_record, read_records, regrade, reward_scheme_name
-from retool_env.rewards import get_reward_fn
+from retool_env.rewards import EpisodeStats, get_reward_fn
 
 PROBLEM = Problem(question="What is 6 times 7?", answer="42", id="six-sevens")
 CALL = '<tool_call>\n{"name": "code_interpreter", "arguments": {"code": "print(6 * 7)"}}\n</tool_call>'
@@ -28,7 +27,7 @@ def play(tok, turns: list[str], **config) -> tuple[ToolEnvironment, dict]:
     for text in turns:
         env.step(tok.encode(text, add_special_tokens=False) + [end])
     traj = env.trajectory
-    record = episode_record(traj, decode=tok.decode, episode_stats=env_episode_stats(traj), reward_scheme=env.config.reward,
+    record = episode_record(traj, decode=tok.decode, episode_stats=EpisodeStats.of(traj), reward_scheme=env.config.reward,
                             reward_kwargs=env.config.reward_kwargs, question=PROBLEM.question, policy_version=3,
                             seed=11, group=0)
     return env, record

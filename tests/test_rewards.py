@@ -189,3 +189,16 @@ def test_a_flat_tool_cost_reverses_signs_and_sign_safe_rewards_cannot() -> None:
     assert sign_safe_rewards([-1.0, -0.8], [False, False]) == [-1.0, -0.8]
     with pytest.raises(ValueError, match="verdicts"):
         sign_safe_rewards([1.0], [True, False])
+
+
+def test_episode_stats_of_a_trajectory_counts_what_the_environment_ran() -> None:
+    from retool_env.rewards import EpisodeStats
+    from retool_env.trajectory import ToolCallRecord, ToolStatus, Trajectory
+
+    traj = Trajectory(prompt_ids=[1], finish_reason="answer")
+    traj.tool_calls = [ToolCallRecord("1", "1", ToolStatus.OK, turn=0), ToolCallRecord("2", "x", ToolStatus.ERROR, turn=0),
+                       ToolCallRecord(None, "bad", ToolStatus.INVALID, turn=1),
+                       ToolCallRecord("3", "", ToolStatus.TIMEOUT, turn=2)]
+    stats = EpisodeStats.of(traj)
+    assert (stats.num_tool_calls, stats.num_tool_rounds, stats.num_tool_errors, stats.num_tool_timeouts) == (3, 2, 3, 1)
+    assert stats.finish_reason == "answer" and not stats.truncated

@@ -26,10 +26,9 @@ from retool_env.sandbox import (
     SandboxFusionPool,
     SandboxFusionSandbox,
     ToolStatus,
-    isolation,
     make_sandbox,
-    probes,
 )
+from retool_env.sandbox.forkserver import isolation, probes
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -73,7 +72,7 @@ def server_host_pid(sb: LocalSandbox) -> int:
     for pid in [sb.server_pid, *descendants(sb.server_pid)]:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             argv = f.read().split(b"\0")
-        if argv[0] == sys.executable.encode() and b"retool_env.sandbox.server" in b" ".join(argv):
+        if argv[0] == sys.executable.encode() and b"retool_env.sandbox.forkserver.server" in b" ".join(argv):
             return pid
     raise AssertionError("no server process found")
 
@@ -271,10 +270,12 @@ def test_session_survives_an_old_head_that_is_slow_to_exit():
     """On a loaded machine the head a cell replaces may take seconds to exit; the new head waits for it (it used to
     give up after a second, and the session's next call answered `sandbox_error`). Without seccomp a cell can stop
     its own head, which stands in for that machine (a process of its own group resumes it: the cell itself is
-    stopped once its code is done)."""
-    stall = ("import os, signal, time\nhead = os.getppid()\nos.kill(head, signal.SIGSTOP)\n"
-             "if os.fork() == 0:\n    os.setpgid(0, 0)\n    time.sleep(1.5)\n    os.kill(head, signal.SIGCONT)\n"
-             "    os._exit(0)\nx = 1")
+    stopped once its code is done). The cell moves that process to its group itself, as a shell does: on a busy core
+    the cell could otherwise stop itself, and its not-yet-moved child with it, first, and nothing would resume the
+    head."""
+    stall = ("import os, signal, time\nhead = os.getppid()\nos.kill(head, signal.SIGSTOP)\npid = os.fork()\n"
+             "if pid == 0:\n    os.setpgid(0, 0)\n    time.sleep(1.5)\n    os.kill(head, signal.SIGCONT)\n"
+             "    os._exit(0)\nos.setpgid(pid, pid)\nx = 1")
 
     async def main():
         with LocalSandbox(seccomp=False, timeout=10) as sb:
@@ -349,7 +350,7 @@ def test_sessions_are_bounded(sandbox):
 
 
 def test_namespaces_and_unknown_isolation():
-    from retool_env.sandbox import isolation
+    from retool_env.sandbox.forkserver import isolation
 
     with LocalSandbox(isolation="unshare", prefork=1) as sb:  # the old wrapper's name means the namespaces
         code = "import os\nprint(os.getpid() < 100, [l.split(':')[0].strip() for l in open('/proc/net/dev')][2:])"
@@ -507,7 +508,7 @@ def test_a_path_under_tmp_given_in_extra_paths_stays_visible_read_only(monkeypat
             result = run(sb, code)
         assert result.status == "error" and result.stdout.count(" ") >= 2, result
         text, seen, listed = result.stdout.split(" ", 2)
-        package = Path(isolation.__file__).resolve().parents[1]  # bound too: a checkout under /tmp shows its top
+        package = Path(isolation.__file__).resolve().parents[2]  # bound too: a checkout under /tmp shows its top
         own = {package.relative_to("/tmp").parts[0]} if package.is_relative_to("/tmp") else set()
         assert text == "visible" and seen == "False" and set(ast.literal_eval(listed)) == {checkout.name} | own, result
         assert "Read-only file system" in result.output and not (checkout / "sub" / "written.txt").exists()
@@ -518,9 +519,9 @@ def test_a_path_under_tmp_given_in_extra_paths_stays_visible_read_only(monkeypat
 
 def test_the_package_is_bound_back_not_the_checkout_around_it(monkeypatch):
     """A checkout in a private directory (mktemp -d makes it 0700) would stay closed to a call's uid if bound whole."""
-    from retool_env.sandbox import isolation
+    from retool_env.sandbox.forkserver import isolation
 
-    package = Path(isolation.__file__).resolve().parent.parent
+    package = Path(isolation.__file__).resolve().parents[2]  # retool_env/sandbox/forkserver/isolation.py
     monkeypatch.setattr(sys, "path", [str(package.parent), *sys.path])  # as pytest or `python -c` in it would
     paths = isolation.python_paths()
     assert str(package) in paths or any(str(package).startswith(p + "/") for p in paths)

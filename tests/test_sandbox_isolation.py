@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from retool_env.sandbox import LocalSandbox, isolation, probes, zygote
+from retool_env.sandbox import LocalSandbox
+from retool_env.sandbox.forkserver import isolation, probes, uids
 
 pytestmark = pytest.mark.timeout(180)
 ROOT = os.geteuid() == 0
@@ -267,7 +268,7 @@ def _sandbox_processes(namespaces: set[str] | None = None) -> list[int]:
             namespace = os.readlink(f"/proc/{entry}/ns/pid")
         except (OSError, StopIteration, ValueError):
             continue
-        if uid >= zygote.UID_BASE - 1 and namespace in wanted:
+        if uid >= uids.FIRST_UID and namespace in wanted:
             found.append(int(entry))
     return found
 
@@ -513,4 +514,4 @@ def test_a_python_under_a_private_directory_still_gets_a_uid_per_call(sandbox):
     The view's directories are 0755, so each call keeps its own non-zero uid and can still import lazily."""
     result = sandbox.run_sync("import os, fractions, sqlite3\nprint(os.getuid(), fractions.__file__)")
     uid, path = result.stdout.split()
-    assert int(uid) >= zygote.UID_BASE and path.startswith(os.path.dirname(os.__file__)), result
+    assert int(uid) >= uids.FIRST_UID and path.startswith(os.path.dirname(os.__file__)), result

@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from retool_env.sandbox import LocalSandbox, seccomp
+from retool_env.sandbox import LocalSandbox
+from retool_env.sandbox.forkserver import seccomp
 
 pytestmark = [
     pytest.mark.timeout(120),

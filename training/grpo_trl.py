@@ -36,8 +36,11 @@ TINY_CPU_CONFIG = Path(__file__).parent / "configs" / "grpo_tiny_cpu.yaml"
 
 
 @dataclass
-class EnvArguments(EnvConfig):
-    """The environment (`EnvConfig`: tool format, prompt, reward, budgets, sandbox) and the problems it plays."""
+class EnvArguments(EnvConfig.with_defaults(max_completion_tokens=None, taken_elsewhere=["chat_template_kwargs"])):
+    """The environment (`EnvConfig`: tool format, prompt, reward, budgets, sandbox) and the problems it plays.
+
+    `max_completion_tokens` defaults to GRPOConfig's `max_completion_length`, which spans every turn; GRPOConfig's own
+    `chat_template_kwargs` set the template's options (ReToolRollout forwards them to every environment render)."""
 
     dataset: str = field(default="arith", metadata={
         "help": "Training problems: a name (arith, dapo, dapo-processed, aime24, aime25, math500), a local "
@@ -48,14 +51,12 @@ class EnvArguments(EnvConfig):
         "help": "Evaluation problems (for example aime24), played with the same environment; needs eval_strategy."})
     eval_split: str | None = field(default=None, metadata={"help": "Split of `eval_dataset` (arith: test)."})
     eval_limit: int | None = field(default=None, metadata={"help": "Use at most this many evaluation problems."})
-    max_completion_tokens: int | None = field(default=None, metadata={
-        "help": "Token budget of an episode after the prompt, model and interpreter tokens together; default: "
-                "GRPOConfig's max_completion_length, which spans every turn."})
     concurrency: int = field(default=256, metadata={"help": "Episodes run at once per process."})
-    # GRPOConfig's own --chat_template_kwargs sets them: ReToolRollout forwards those to every environment render.
-    chat_template_kwargs: dict | None = field(default=None, init=False)
     episode_timeout: float | None = field(default=None, metadata={
         "help": "Seconds an episode may take; a slower one is dropped from training (zero advantage, no loss)."})
+    records_path: str | None = field(default=None, metadata={
+        "help": "Append every training episode to this JSONL file (retool_env.records); `retool-env regrade` "
+                "re-scores it."})
     skip_steps_without_signal: bool = field(default=False, metadata={
         "help": "Skip the optimizer step when every group's rewards are equal (the gradient is zero, yet Adam's "
                 "momentum would move the weights): retool_adapters.trl_callbacks.SkipStepsWithoutSignal."})
@@ -93,7 +94,8 @@ def main(env_args: EnvArguments, training_args, model_args) -> None:
     env_config = EnvConfig.from_settings(
         env_args, max_completion_tokens=env_args.max_completion_tokens or training_args.max_completion_length)
     rollout = ReToolRollout(train_problems + eval_problems, tokenizer=tokenizer, concurrency=env_args.concurrency,
-                            episode_timeout=env_args.episode_timeout, **env_config)
+                            episode_timeout=env_args.episode_timeout, records_path=env_args.records_path,
+                            **env_config)
 
     # 4. The rewards: the environment's own reward trains; correctness (weight 0) puts accuracy in the logs.
     if training_args.reward_weights is None:

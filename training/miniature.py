@@ -52,13 +52,20 @@ from retool_env.rollout import derive_seed
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# The miniature's environment: the paper's format, small budgets (every EnvConfig field is a flag as well).
+MINIATURE_ENV = EnvConfig.with_defaults(tool_format="retool", prompt="plain", max_tool_calls=2, max_turn_tokens=48,
+                                        max_completion_tokens=160, max_observation_tokens=48)
+
+
 @dataclass
-class Arguments:
+class Arguments(MINIATURE_ENV):
     out: str | None = field(default=None, metadata={"help": "Run folder (default: runs/miniature-<timestamp>)."})
     seeds: int = field(default=1, metadata={"help": "Run the whole pipeline for seeds seed, seed+1, ..."})
     seed: int = field(default=0, metadata={"help": "First seed."})
     smoke: bool = field(default=False, metadata={"help": "Tiny everything: checks the pipeline end to end (< 3 min)."})
     arms: str = field(default="tool,text", metadata={"help": "Comma-separated arms to run: tool, text."})
+    records: bool = field(default=False, metadata={"help": "Record every RL episode of the tool arm in "
+                                                           "seed<k>/tool/records.jsonl (retool-env regrade)."})
     # data
     train_per_level: int = field(default=400, metadata={"help": "Training problems per level."})
     test_per_level: int = field(default=40, metadata={"help": "Held-out problems per level."})
@@ -105,10 +112,6 @@ class Arguments:
     tool_call_cost: float = field(default=0.05, metadata={"help": "Reward subtracted per executed tool call; below "
                                                                   "the `retool` shaping's +0.1, so a failed call "
                                                                   "still beats a wrong guess."})
-    max_tool_calls: int = field(default=2, metadata={"help": "Tool calls per episode (tool arm)."})
-    max_turn_tokens: int = field(default=48, metadata={"help": "Tokens the model may write per turn."})
-    max_completion_tokens: int = field(default=160, metadata={"help": "Tokens per episode after the prompt."})
-    max_observation_tokens: int = field(default=48, metadata={"help": "Tokens of interpreter output shown."})
     # evaluation
     eval_samples: int = field(default=4, metadata={"help": "Samples per held-out problem (mean@k)."})
     eval_temperature: float = field(default=1.0, metadata={"help": "Evaluation sampling temperature: the policy RL "
@@ -124,12 +127,8 @@ class Arguments:
 
 def env_settings(args: Arguments, arm: str) -> EnvConfig:
     """The environment SFT replay, GRPO and evaluation all use; the text arm has no interpreter."""
-    return EnvConfig(tool_format="retool", prompt="plain", reward="retool",
-                     reward_kwargs={"tool_call_cost": args.tool_call_cost},
-                     max_tool_calls=args.max_tool_calls if arm == "tool" else 0,
-                     max_completion_tokens=args.max_completion_tokens,
-                     max_observation_tokens=args.max_observation_tokens,
-                     max_turn_tokens=args.max_turn_tokens, tool_timeout=5.0)
+    return EnvConfig.from_settings(args, reward_kwargs={**args.reward_kwargs, "tool_call_cost": args.tool_call_cost},
+                                   max_tool_calls=args.max_tool_calls if arm == "tool" else 0)
 
 
 def write_yaml(path: Path, config: dict) -> Path:
@@ -184,6 +183,8 @@ def run_grpo(args: Arguments, arm: str, model_dir: Path, problems: Path, out: Pa
         "logging_steps": 1, "report_to": "none",
         "save_strategy": "steps", "save_steps": args.eval_every, "save_only_model": True,  # held-out curve
     }
+    if args.records and arm == "tool":
+        config["records_path"] = str(out.parent / "records.jsonl")
     yaml_path = write_yaml(out.parent / "grpo.yaml", config)
     run_logged([sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "1", "--num_machines", "1",
                 "--mixed_precision", "no", "--dynamo_backend", "no", "training/grpo_trl.py",

@@ -31,9 +31,11 @@ TINY_CPU_CONFIG = Path(__file__).parent / "configs" / "sft_tiny_cpu.yaml"
 
 
 @dataclass
-class DataArguments(EnvConfig):
+class DataArguments(EnvConfig.with_defaults(max_completion_tokens=16384)):
     """The cold-start data: where solutions come from, and the environment that replays them (`EnvConfig`: use the
-    tool format and prompt the RL stage will use, and budgets generous enough for the data)."""
+    tool format and prompt the RL stage will use, and budgets generous enough for the data). A recorded solution must
+    fit `max_completion_tokens` whole (longer ones are cut, then dropped), so SFT's default is longer than the
+    environment's."""
 
     dataset: str = field(default="arith", metadata={
         "help": "arith (procedural cold-start solutions written here and run in the sandbox), or ReTool-SFT: "
@@ -47,9 +49,6 @@ class DataArguments(EnvConfig):
     text_share: float = field(default=0.2, metadata={"help": "Share of tool-free arith solutions, per level."})
     self_correct_share: float = field(default=0.2, metadata={
         "help": "Share of arith solutions whose first code fails and is fixed after reading the error, per level."})
-    max_completion_tokens: int = field(default=16384, metadata={
-        "help": "Token budget of a replayed episode after the prompt: a recorded solution must fit whole (longer "
-                "ones are cut, then dropped), so SFT's default is longer than the environment's."})
     require_correct: bool = field(default=True, metadata={
         "help": "Drop replays the environment does not grade correct (a budget cut the answer off, no answer)."})
 

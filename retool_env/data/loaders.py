@@ -110,6 +110,19 @@ def load_problems(source: str | os.PathLike[str], split: str | None = None, limi
     return _to_problems(rows, hint, limit, repair_control_chars)
 
 
+def load_dataset_problems(dataset: Any, split: str | None = None) -> list[Problem]:
+    """Problems from a list of Problems or dicts, or from anything `load_problems` reads (a file, a name)."""
+    if dataset is None:
+        raise ValueError("ToolEnvironment needs a dataset: a list of Problems, a file, or a name like 'arith'")
+    if isinstance(dataset, str) or hasattr(dataset, "__fspath__"):
+        problems = load_problems(dataset, split=split)
+    else:
+        problems = [p if isinstance(p, Problem) else Problem.from_dict(p) for p in dataset]
+    if not problems:
+        raise ValueError("the dataset has no problems")
+    return problems
+
+
 def _to_problems(rows: Iterable[dict[str, Any]], hint: str, limit: int | None, repair: bool) -> list[Problem]:
     problems: list[Problem] = []
     seen: set[str] = set()

@@ -22,7 +22,7 @@ from typing import Any, Literal, cast
 
 from retool_env.data.loaders import HubDataset, hub_rows, local_rows, question_id
 from retool_env.data.text import strip_retool_template
-from retool_env.formats import CODE_INTERPRETER_TOOL, TOOL_NAME, ReToolFormat, strip_code_fences
+from retool_env.formats import HermesFormat, ReToolFormat, format_class, strip_code_fences
 
 SegmentKind = Literal["text", "code", "interpreter", "answer"]
 RETOOL_SFT = HubDataset("ReTool-SFT", "JoeYing/ReTool-SFT", "train", local_name="train_2000.parquet")
@@ -143,60 +143,22 @@ def load_retool_sft(source: str | os.PathLike[str] = "JoeYing/ReTool-SFT",
 
 
 def to_retool(example: SFTExample, prompt: str | None = None) -> dict[str, Any]:
-    """The paper's format: one assistant string, `chunks` in order with a `trainable` flag, and the untrained spans.
-
-    Interpreter output carries its surrounding newlines, `"\\n<interpreter>\\n...\\n</interpreter>\\n\\n"`, which is
-    exactly what the environment inserts after `</code>`, so the trained text is what the model generates there.
-    """
-    pieces: list[tuple[str, bool]] = []
-    for segment in example.segments:
-        if segment.kind == "interpreter":
-            pieces.append((ReToolFormat.interpreter_text(segment.content), False))
-            continue
-        if pieces and pieces[-1][1]:  # blank line between model-written pieces
-            pieces[-1] = (pieces[-1][0] + "\n\n", True)
-        write = {"code": ReToolFormat.call_text, "answer": ReToolFormat.answer_text}.get(segment.kind, str)
-        pieces.append((write(segment.content), True))
-    chunks: list[dict[str, Any]] = []
-    for text, trainable in pieces:
-        if chunks and chunks[-1]["trainable"] == trainable:
-            chunks[-1]["text"] += text
-        else:
-            chunks.append({"text": text, "trainable": trainable})
-    content, masked_spans, start = "", [], 0
-    for chunk in chunks:
-        content += chunk["text"]
-        if not chunk["trainable"]:
-            masked_spans.append((start, len(content)))
-        start = len(content)
-    messages = [{"role": "user", "content": prompt or example.question}, {"role": "assistant", "content": content}]
-    return {"messages": messages, "chunks": chunks, "masked_spans": masked_spans}
+    """The paper's format: one assistant string, `chunks` in order with a `trainable` flag, and the untrained spans
+    (`ReToolFormat.sft_conversation`)."""
+    return ReToolFormat.sft_conversation(example.segments, prompt or example.question)
 
 
 def to_hermes(example: SFTExample, prompt: str | None = None) -> dict[str, Any]:
-    """OpenAI-style tool-calling messages (verl's layout) with `trainable` per message: assistant turns only."""
-    messages: list[dict[str, Any]] = [{"role": "user", "content": prompt or example.question}]
-    text: list[str] = []
-    for segment in example.segments:
-        if segment.kind == "code":
-            call = {"type": "function", "function": {"name": TOOL_NAME, "arguments": {"code": segment.content}}}
-            messages.append({"role": "assistant", "content": "\n\n".join(text), "tool_calls": [call]})
-            text = []
-        elif segment.kind == "interpreter":
-            messages.append({"role": "tool", "content": segment.content})
-        else:
-            text.append(segment.content)
-    if text:
-        messages.append({"role": "assistant", "content": "\n\n".join(text)})
-    return {"messages": messages, "tools": [CODE_INTERPRETER_TOOL],
-            "trainable": [m["role"] == "assistant" for m in messages]}
-
-
-SFT_FORMATS = {"retool": to_retool, "hermes": to_hermes}
+    """OpenAI-style tool-calling messages (verl's layout) with `trainable` per message: assistant turns only
+    (`HermesFormat.sft_conversation`)."""
+    return HermesFormat.sft_conversation(example.segments, prompt or example.question)
 
 
 def render_sft(example: SFTExample, tool_format: str = "retool", prompt: str | None = None) -> dict[str, Any]:
-    """An SFT conversation in a tool format ("retool" or "hermes"); `prompt` replaces the raw question as user text."""
-    if tool_format not in SFT_FORMATS:
-        raise ValueError(f"unknown tool format {tool_format!r}; choose from {list(SFT_FORMATS)}")
-    return SFT_FORMATS[tool_format](example, prompt)
+    """An SFT conversation in a tool format (its `sft_conversation`: retool or hermes); `prompt` replaces the raw
+    question as user text."""
+    try:
+        format_ = format_class(tool_format)
+    except ValueError as exc:
+        raise ValueError(f"unknown tool format {tool_format!r}: {exc}") from None
+    return format_.sft_conversation(example.segments, prompt or example.question)

@@ -5,12 +5,9 @@
 - `SandboxFusionPool`: several SandboxFusion endpoints as one, with routing, back-pressure, failover and stats.
 - `RaySandbox` (`retool_env.sandbox.ray_pool`, the `ray` extra): `LocalSandbox` actors over a Ray cluster's nodes.
 
-The local sandbox, one job per module: `local` (the client: starts the server, sends requests), `isolation` (the
-namespace wrapper the server runs in, and the report of every layer), `server` (scheduling: the pool, the
-concurrency limit, sessions), `zygote` (forks every child, reaps them, cleans up after them), `confine` (what a
-child does to itself before it sees code), `child` (waiting for code, single-use and session heads), `cell` (running
-one cell, the output buffer), `seccomp`, `cgroups`, `protocol` (framing), `probes` (the doctor's live attacks).
-`http_server` serves the local sandbox as SandboxFusion's `/run_code`.
+`base` holds the contract (`Sandbox`, `ExecResult`, `ToolStatus`); `local` is `LocalSandbox`'s client side, and
+the fork server it starts (server, zygote, confined children, isolation, seccomp, cgroups, uid blocks) lives in
+`forkserver/`. `http_server` serves the local sandbox as SandboxFusion's `/run_code`.
 """
 
 from __future__ import annotations

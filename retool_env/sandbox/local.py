@@ -24,25 +24,26 @@ import warnings
 import weakref
 from typing import Any
 
-from . import isolation as _isolation
-from . import seccomp
 from .base import ExecResult, Sandbox, ToolStatus
-from .cgroups import Delegation
-from .protocol import pack, read_frame
-from .server import PRELOAD
+from .forkserver import isolation as _isolation
+from .forkserver import seccomp, uids
+from .forkserver.cgroups import Delegation
+from .forkserver.protocol import pack, read_frame
+from .forkserver.server import PRELOAD
 
 _SANDBOX_DIR = os.path.dirname(os.path.abspath(__file__))
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(_SANDBOX_DIR))
-# Import the server's modules without running `retool_env/__init__.py` (which may grow heavy imports).
+# Import the server's modules without running `retool_env/__init__.py` or `retool_env/sandbox/__init__.py` (which
+# may grow heavy imports): only the fork server's own package is imported as a package.
 # Namespaces and the filesystem view first (isolation.enter), then the server, which reads its config from stdin.
 _BOOTSTRAP = (
     "import io, json, sys, types\n"
     "for name, path in (('retool_env', {root!r}), ('retool_env.sandbox', {sandbox!r})):\n"
     "    module = types.ModuleType(name); module.__path__ = [path]; sys.modules[name] = module\n"
-    "from retool_env.sandbox import isolation\n"
+    "from retool_env.sandbox.forkserver import isolation\n"
     "config = isolation.enter(json.loads(sys.stdin.readline()))\n"
     "sys.stdin = io.StringIO(json.dumps(config) + '\\n')\n"
-    "from retool_env.sandbox.server import main\n"
+    "from retool_env.sandbox.forkserver.server import main\n"
     "main()\n"
 )
 _CLEAN_ENV = {
@@ -63,12 +64,25 @@ class _Process:
     """One running server: its process, socket and lifeline. Cleans up after itself when garbage collected.
 
     Nothing of it lives on disk that could outlast a killed trainer: the socket has an abstract address (Linux),
-    the log is an unnamed file, and the server's cgroups are removed when it stops.
+    the log is an unnamed file, the server's cgroups are removed when it stops, and its uid block's lock (uids.py)
+    is held by the server alone, so the kernel releases it when the server dies.
     """
 
     def __init__(self, config: dict[str, Any], view: dict[str, Any], start_timeout: float) -> None:
         self.address = f"\0retool-sandbox-{os.getpid()}-{secrets.token_hex(8)}"
         self.wrapper = "none"
+        block = uids.UidBlock.acquire() if config["uid_per_call"] else None
+        self.uid_block = None if block is None else range(block.first, block.first + block.size)
+        try:
+            self._start(config, view, block)
+        finally:
+            if block is not None:
+                block.close()  # the server's copy holds the lock from now on
+        self.measured = self._wait_ready(start_timeout)
+        self.measured["cgroup"] = self.cgroup is not None and "cgroup" not in self.measured.get("missing", {})
+        self.measured["cgroup_detail"] = self.cgroup_detail
+
+    def _start(self, config: dict[str, Any], view: dict[str, Any], block: uids.UidBlock | None) -> None:
         self.cgroup, self.cgroup_detail = Delegation.create() if os.geteuid() == 0 else (None, "needs root")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(self.address)
@@ -78,6 +92,7 @@ class _Process:
             **config,
             "listen_fd": listener.fileno(),
             "lifeline_fd": lifeline_r,
+            **({"uid_block_fd": block.fd, "uid_base": block.first, "uid_count": block.size} if block else {}),
             "cgroup": {"version": self.cgroup.version, "parents": self.cgroup.parents} if self.cgroup else None,
             "view": {**view, "cgroup_dirs": list(self.cgroup.parents) if self.cgroup else []},
         }
@@ -90,7 +105,7 @@ class _Process:
             stdout=subprocess.PIPE,
             stderr=self.log,
             env=_CLEAN_ENV,
-            pass_fds=(listener.fileno(), lifeline_r),
+            pass_fds=(listener.fileno(), lifeline_r, *([block.fd] if block else [])),
             cwd="/",
             start_new_session=True,  # Ctrl-C in the trainer's terminal is the trainer's business
         )
@@ -101,9 +116,6 @@ class _Process:
         with contextlib.suppress(BrokenPipeError):  # on the command line, any process could read it
             self.proc.stdin.write(json.dumps(config).encode() + b"\n")
             self.proc.stdin.close()
-        self.measured = self._wait_ready(start_timeout)
-        self.measured["cgroup"] = self.cgroup is not None and "cgroup" not in self.measured.get("missing", {})
-        self.measured["cgroup_detail"] = self.cgroup_detail
 
     def _wait_ready(self, timeout: float) -> dict[str, Any]:
         """Wait for `view <report>` (the namespaces and view the server built), then `ready <layers>` (what it
@@ -221,6 +233,12 @@ class LocalSandbox(Sandbox):
             raise FileNotFoundError(f"extra_paths: {missing} do not exist")
         if not drop_uid and os.geteuid() == 0:
             raise ValueError("drop_uid=False as root would run model code as uid 0: no child ever does")
+        # Twice the cores: a child waiting on I/O or being reaped should not leave a core idle.
+        concurrency = max_concurrency or 2 * (os.cpu_count() or 1)
+        prefork = prefork if prefork is not None else min(concurrency, 4)
+        if os.geteuid() == 0 and max_sessions + concurrency + prefork >= uids.BLOCK_SIZE // 2:
+            raise ValueError(f"max_sessions + max_concurrency + prefork must stay below {uids.BLOCK_SIZE // 2}: each "
+                             f"live call or session has a uid of its own, from a block of {uids.BLOCK_SIZE}")
         self.timeout = timeout
         self.echo = echo
         self.isolation = _isolation.mode(isolation)
@@ -228,11 +246,9 @@ class LocalSandbox(Sandbox):
         self.start_timeout = start_timeout
         self._view = {"mode": self.isolation, "extra_paths": [str(p) for p in extra_paths], "tmp_mb": tmp_mb,
                       "shm_mb": shm_mb}
-        # Twice the cores: a child waiting on I/O or being reaped should not leave a core idle.
-        concurrency = max_concurrency or 2 * (os.cpu_count() or 1)
         self._config = {
             "max_concurrency": concurrency,
-            "prefork": prefork if prefork is not None else min(concurrency, 4),
+            "prefork": prefork,
             "memory_mb": memory_mb,
             "max_output_bytes": max_output_bytes,
             "traceback_lines": traceback_lines,
@@ -309,6 +325,12 @@ class LocalSandbox(Sandbox):
     def server_pid(self) -> int | None:
         """The host pid of the server process (or of its namespace wrapper)."""
         return self._process.proc.pid if self._process else None
+
+    @property
+    def uid_block(self) -> range | None:
+        """As root, the uids this server gives its calls and sessions: its own block, shared with no other server
+        on the machine (None before it starts, and unprivileged)."""
+        return self._process.uid_block if self._process else None
 
     @property
     def wrapper(self) -> str | None:

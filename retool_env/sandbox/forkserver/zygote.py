@@ -2,7 +2,7 @@
 
 Model code must never find another call's code or output in its own memory. Every child is a copy of the process
 that forked it, so that process must never have held any: the server receives code and reads output, the zygote
-only forks. It gives each child its own uid (from a pool, when root), its own cgroup (one per slot), its own session, and the
+only forks. It gives each child its own uid (when root, from its server's block: uids.py), its own cgroup (one per slot), its own session, and the
 descriptors the server passed for it (code socket, output memfd, status socket), which it closes right after the fork.
 It reaps every child (it is their sub-reaper) and reports each exit; on `release` it kills whatever a call left
 running, and frees its uid and cgroup for the next call once nothing of it is left.
@@ -24,12 +24,11 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from . import cell, child, confine, seccomp
+from . import cell, child, confine, seccomp, uids
 from .cgroups import CallGroup, Delegation
 from .protocol import recv_message, send_message
 
 _PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER, _PR_SET_DUMPABLE = 1, 36, 4
-UID_BASE = 2_000_000_000  # far above any real account; one uid per live call or session
 
 
 @dataclass(kw_only=True)
@@ -47,6 +46,8 @@ class ZygoteConfig:
     use_seccomp: bool = True
     use_userns: bool = True
     uid_per_call: bool = True
+    uid_base: int = uids.FIRST_UID  # this server's block (uids.py): a uid per live call or session, the last for probes
+    uid_count: int = uids.BLOCK_SIZE
     cgroup: dict[str, Any] | None = None  # Delegation fields
     masks: list[str] = field(default_factory=list)  # directories each child covers with its own tmpfs
     rebinds: list[tuple[str, str]] = field(default_factory=list)  # (visible copy, path under a mask) bound back
@@ -68,7 +69,7 @@ class Zygote:
         self.pid = os.getpid()
         self.delegation = Delegation(**config.cgroup) if config.cgroup else None
         self.free_uids: list[int] = []
-        self.next_uid = UID_BASE
+        self.next_uid = config.uid_base
         self.records: dict[int, _Record] = {}
         self.by_pid: dict[int, _Record] = {}  # until reaped
         self.lingering: list[tuple[int, _Record]] = []  # released, but processes were still there
@@ -125,17 +126,25 @@ class Zygote:
     def _take_uid(self) -> int:
         if self.free_uids:
             return self.free_uids.pop()
+        if self.next_uid >= self.probe_uid:
+            raise OSError(f"all {self.config.uid_count - 1} uids of this server's block are in use")
         self.next_uid += 1
         return self.next_uid - 1
 
+    @property
+    def probe_uid(self) -> int:
+        return self.config.uid_base + self.config.uid_count - 1
+
     def fork(self, cid: int, session: bool, fds: list[int]) -> None:
-        uid = self._take_uid() if self.layers.uid is not None else None
+        uid = None
         try:
+            uid = self._take_uid() if self.layers.uid is not None else None
             group = self._take_group()
-        except OSError as exc:  # no child without its cgroup: the server answers this call with a sandbox error
+        except OSError as exc:  # no child without its uid and cgroup: the server answers with a sandbox error
             for fd in fds:
                 os.close(fd)
-            send_message(self.sock, {"op": "forked", "cid": cid, "pid": -1, "error": f"cgroup: {exc}"})
+            what = "cgroup" if uid is not None or self.layers.uid is None else "uid"
+            send_message(self.sock, {"op": "forked", "cid": cid, "pid": -1, "error": f"{what}: {exc}"})
             if uid is not None:
                 self.free_uids.append(uid)
             return
@@ -253,7 +262,7 @@ class Zygote:
         namespace made by root would map uid 0, which the server's capabilities (rightly) do not allow."""
         layers = replace(self.layers, userns=False, uid=None, seccomp=False)
         steps = [
-            ("uid per call", self.config.uid_per_call, lambda la: replace(la, uid=UID_BASE - 1)),
+            ("uid per call", self.config.uid_per_call, lambda la: replace(la, uid=self.probe_uid)),
             ("user namespace", self.config.use_userns, lambda la: replace(la, userns=True)),
             ("cgroup", self.delegation is not None, None),
             ("seccomp", self.config.use_seccomp, lambda la: replace(la, seccomp=True)),

@@ -49,6 +49,7 @@ class Config(zygote.ZygoteConfig):
 
     listen_fd: int
     lifeline_fd: int
+    uid_block_fd: int = -1  # held for life (and by the zygote): the lock on this server's uid block (uids.py)
     max_concurrency: int = 2
     prefork: int = 2
     max_sessions: int = 64

@@ -87,7 +87,7 @@ def _outermost(paths: set[str]) -> list[str]:
 
 
 def _package() -> str:
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @functools.cache
@@ -397,7 +397,7 @@ def layers(wrapper: str, measured: dict, *, root: bool) -> list[Layer]:
               missing.get("user namespace", "each call in its own, its mounts locked; private /tmp and /dev/shm")),
         Layer("uid per call", "uid per call" not in missing and root and uid not in ("0", "?"),
               missing.get("uid per call", f"a probe child ran as uid {uid}; each live call or session gets its "
-                          "own from 2000000000 up") if root
+                          "own, from this server's block, which no other server on the machine uses") if root
               else "needs root: children keep the server's uid (each in its own user namespace)"),
         Layer("capabilities dropped", _caps_empty(child), "all five sets empty" if _caps_empty(child) else
               "a child still holds capabilities: " + ", ".join(f"{k}={child.get(k)}" for k in ("CapEff", "CapBnd"))),

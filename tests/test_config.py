@@ -1,0 +1,70 @@
+"""`EnvConfig` is the one declaration of the environment's settings: scripts take its fields, never re-declare them."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from retool_env.config import EnvConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV_FIELDS = {f.name for f in fields(EnvConfig)}
+
+
+def declared_settings(path: Path) -> set[str]:
+    """Names a script declares itself: fields of its dataclasses and argparse flags."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ClassDef):
+            names |= {item.target.id for item in node.body
+                      if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)}
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument":
+            names |= {arg.value.lstrip("-").replace("-", "_") for arg in node.args
+                      if isinstance(arg, ast.Constant) and isinstance(arg.value, str)}
+    return names
+
+
+# Not yet: their frameworks' pydantic configs (NeMo Gym's resources server, verifiers' taskset and harness) declare
+# sandbox, tool_timeout, max_tool_calls, reward (and prompt) as YAML keys, and their tool calls do not go through
+# `ToolRunner` yet. Strict: the test fails once a file is fixed, so the mark goes with the debt.
+NOT_YET = {"nemo_gym.py", "verifiers.py"}
+SCRIPTS = [pytest.param(path, marks=pytest.mark.xfail(strict=True, reason="framework config re-declares fields"))
+           if path.name in NOT_YET else path
+           for path in sorted([*ROOT.glob("training/*.py"), *ROOT.glob("adapters/**/*.py")])]
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_script_redeclares_an_environment_field(path):
+    assert not declared_settings(path) & ENV_FIELDS, f"{path.name} re-declares EnvConfig fields: take EnvConfig's"
+
+
+def test_the_check_finds_a_redeclared_field(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text("class Args:\n    max_tool_calls: int = 3\nparser.add_argument('--tool-timeout')\n")
+    assert declared_settings(script) & ENV_FIELDS == {"max_tool_calls", "tool_timeout"}
+
+
+def test_with_defaults_changes_defaults_not_declarations():
+    sft = EnvConfig.with_defaults(max_completion_tokens=16384, taken_elsewhere=["chat_template_kwargs"])
+    config = sft(max_tool_calls=2)
+    assert (config.max_completion_tokens, config.max_tool_calls) == (16384, 2) and isinstance(config, EnvConfig)
+    assert {f.name: f.metadata for f in fields(sft)} == {f.name: f.metadata for f in fields(EnvConfig)}  # same help
+    with pytest.raises(TypeError):
+        sft(chat_template_kwargs={"enable_thinking": False})  # another dataclass of the script declares it
+    with pytest.raises(TypeError, match="no field"):
+        EnvConfig.with_defaults(max_tool_call=2)
+
+
+def test_argparse_flags_read_back_as_the_config():
+    parser = argparse.ArgumentParser()
+    EnvConfig.add_arguments(parser, tool_format="hermes")
+    args = parser.parse_args(["--max-completion-tokens", "128", "--stateful", "true", "--reward-kwargs",
+                              '{"tool_call_cost": 0.05}', "--max-model-len", "300"])
+    config = EnvConfig.from_settings(args)
+    assert config == EnvConfig(tool_format="hermes", max_completion_tokens=128, stateful=True, max_model_len=300,
+                               reward_kwargs={"tool_call_cost": 0.05})
+    assert EnvConfig.from_settings(parser.parse_args([])) == EnvConfig(tool_format="hermes")
