@@ -11,7 +11,13 @@ each one action of the given length, with `max_tool_calls=0` so no call runs. Th
 4,000 tokens. To compare with another checkout, run this file with that checkout first on PYTHONPATH (a small
 `--hostile-tokens`: the old patterns take seconds to minutes per step), with `--skip-regular`.
 
-    python bench/env_step.py [--repeats 30] [--hostile-tokens 4000] [--skip-regular]
+Per dialect (`--dialects`, default hermes and four non-hermes dialects; "" skips): each dialect on its family's
+TRL template (Qwen's offline vocabulary plus the template's special tokens, as the parity tests build it), the
+actions rendered by the template itself (`retool_env.coldstart.template_turn_ids`): a call whose code is padded with
+a comment to the action's length, and an answer. hermes runs the same way on the tokenizer's own template, side by
+side in the same run.
+
+    python bench/env_step.py [--repeats 30] [--hostile-tokens 4000] [--skip-regular] [--dialects hermes,openai]
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ import time
 from pathlib import Path
 
 from retool_env import Problem, ToolEnvironment
-from retool_env.chat import chat_template_names
+from retool_env.chat import chat_template_names, resolve_chat_template
+from retool_env.coldstart import template_turn_ids
 from retool_env.offline import qwen_tokenizer
 from retool_env.sandbox import ExecResult, Sandbox
 
@@ -104,19 +111,81 @@ def hostile_rows(tok, n_tokens: int, repeats: int) -> list[dict]:
     return rows
 
 
+# dialect -> the TRL template that teaches it (None: the Qwen tokenizer's own, Qwen3-Instruct-2507's)
+DIALECT_TEMPLATES = {"hermes": None, "qwen3_coder": "qwen3_6_training", "llama3_json": "llama3_1",
+                     "glm45": "glm4moe_training", "openai": "gptoss_training"}
+
+
+def family_tokenizer(base, template_name: str | None):
+    """Qwen's vocabulary with the template's special tokens (one token each, as in the family's tokenizer)."""
+    import copy
+    import re
+
+    if template_name is None:
+        return base
+    template = resolve_chat_template(template_name)
+    tok = copy.deepcopy(base)
+    markup = re.compile(r"<\|[A-Za-z0-9_\"]+\|?>|<[A-Za-z0-9_]+\|>")
+    extra = sorted({t for t in markup.findall(template) if t not in tok.get_added_vocab()})
+    if extra:
+        tok.add_special_tokens({"additional_special_tokens": extra})
+    tok.eos_token = next(t for t in ("<|return|>", "<|eot_id|>", "<|endoftext|>") if t in template or
+                         t in tok.get_added_vocab())
+    tok.chat_template = template
+    return tok
+
+
+def dialect_rows(base, dialects: list[str], sizes: tuple[int, ...], repeats: int) -> list[dict]:
+    """Step time per dialect, the actions as each template renders them."""
+    rows = []
+    filler = "Let me think about the product step by step and check it. " * 600
+    for dialect in dialects:
+        template = DIALECT_TEMPLATES[dialect]
+        if template is not None and template not in chat_template_names():
+            print(f"skipping {dialect}: TRL's {template} template is not installed")
+            continue
+        tok = family_tokenizer(base, template)
+        env = ToolEnvironment(tok, [Problem("What is 123 * 456?", "56088", id="p")], sandbox=InstantSandbox(),
+                              max_completion_tokens=16384)
+        assert env.format.name == dialect, env.format.name
+        for n in sizes:
+            env.reset(options={"index": 0})
+            pad = tok.decode(tok.encode(filler)[: max(0, n - 40)])
+            call = template_turn_ids(env, "", f"# {pad}\nprint(123 * 456)")
+            answer = template_turn_ids(env, tok.decode(tok.encode(filler)[: max(0, n - 20)]) +
+                                       " The answer is \\boxed{56088}.", None)
+            for kind, action in (("tool call", call), ("final answer", answer)):
+                us = time_steps(env, action, repeats)
+                gen_us = len(action) / VLLM_TOKENS_PER_S * 1e6
+                rows.append({"dialect": dialect, "template": template or "instruct-2507", "tokens": len(action),
+                             "turn": kind, "step_us": round(us, 1), "vllm_generate_us": round(gen_us),
+                             "share_pct": round(100 * us / gen_us, 2)})
+                r = rows[-1]
+                print(f"{dialect:<12} {r['template']:<17} {r['tokens']:>6} {kind:<13} {r['step_us']:>10.1f} us "
+                      f"{r['vllm_generate_us']:>8} us {r['share_pct']:>6.2f}%", flush=True)
+        env.close()
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--hostile-tokens", type=int, default=4000, help="length of the hostile actions (0: skip)")
     parser.add_argument("--hostile-repeats", type=int, default=5)
     parser.add_argument("--skip-regular", action="store_true", help="only the hostile actions")
+    parser.add_argument("--dialects", default=",".join(DIALECT_TEMPLATES),
+                        help=f"comma-separated dialects to time, of {', '.join(DIALECT_TEMPLATES)} ('' skips)")
+    parser.add_argument("--dialect-tokens", default="100,1000,4000", help="action lengths of the dialect rows")
     parser.add_argument("--out", default="bench/results/env_step.json")
     args = parser.parse_args()
     tok = qwen_tokenizer()
     hostile = hostile_rows(tok, args.hostile_tokens, args.hostile_repeats) if args.hostile_tokens else []
+    dialects = dialect_rows(tok, [d for d in args.dialects.split(",") if d],
+                            tuple(int(n) for n in args.dialect_tokens.split(",")), args.repeats)
     if args.skip_regular:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"machine": platform.platform(), "hostile": hostile}, indent=2))
+        Path(args.out).write_text(json.dumps({"machine": platform.platform(), "hostile": hostile,
+                                              "dialects": dialects, "repeats": args.repeats}, indent=2))
         return
     call = '<tool_call>\n{"name": "code_interpreter", "arguments": {"code": "print(123 * 456)"}}\n</tool_call>'
     rows = []
@@ -140,7 +209,8 @@ def main() -> None:
               f"{r['vllm_generate_us']:>20} {r['share_pct']:>6.2f}%")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"machine": platform.platform(), "processor": platform.processor(),
-                                          "repeats": args.repeats, "rows": rows, "hostile": hostile}, indent=2))
+                                          "repeats": args.repeats, "rows": rows, "hostile": hostile,
+                                          "dialects": dialects}, indent=2))
 
 
 if __name__ == "__main__":

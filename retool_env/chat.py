@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 import secrets
 import warnings
 from dataclasses import dataclass
@@ -202,15 +203,22 @@ class Conversation:
                 contents.append(str(message.get("content", "")))
             else:
                 marked_messages.append(message)
-        marked, pieces, position = self.render(marked_messages), [], 0
+        marked, pieces, position, as_json = self.render(marked_messages), [], 0, []
         for index in range(len(contents)):
-            found = marked.find(self._tool_marker.format(index), position)
+            raw = self._tool_marker.format(index)
+            # as given, or as a JSON string's body (gpt-oss and Llama 3.1 render results with `tojson`)
+            candidates = ((raw, False), (json.dumps(raw)[1:-1], True))
+            found, marker, encoded = next(((at, m, e) for m, e in candidates if (at := marked.find(m, position)) >= 0),
+                                          (-1, raw, False))
             if found < 0:
                 return None
             pieces.append(marked[position:found])
-            position = found + len(self._tool_marker.format(index))
+            position = found + len(marker)
+            as_json.append(encoded)
         pieces.append(marked[position:])
         for shown in (contents, [c.strip() for c in contents]):  # as given, or trimmed by the template
+            shown = [json.dumps(c, ensure_ascii=False)[1:-1] if encoded else c
+                     for c, encoded in zip(shown, as_json, strict=True)]
             segments = [(pieces[0], True)]
             for content, piece in zip(shown, pieces[1:], strict=True):
                 segments += [(content, False), (piece, True)]

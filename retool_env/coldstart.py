@@ -27,8 +27,9 @@ from typing import Any
 
 from retool_env.data.problem import Problem
 from retool_env.data.sft import Segment, SFTExample
+from retool_env.dialects import FunctionCall
 from retool_env.env import ToolEnvironment
-from retool_env.formats import format_class
+from retool_env.formats import TOOL_NAME, DialectFormat, encode, format_class
 from retool_env.grading import extract_answer
 from retool_env.sandbox import ExecResult, Sandbox
 from retool_env.trajectory import ToolStatus, Trajectory
@@ -100,13 +101,73 @@ def end_of_turn_token(env: Any) -> str:
     """The token a model emits to end its assistant turn: the chat template's `<|im_end|>` where the format stops on
     it, else the format's first end token."""
     env = getattr(env, "unwrapped", env)
+    if isinstance(env.format, DialectFormat):  # the template's own (Llama's <|eot_id|>, GLM's <|user|>, ...)
+        return env.format.turn_end
     ids = env.format.end_token_ids
     im_end = env.tokenizer.convert_tokens_to_ids("<|im_end|>")
     return env.tokenizer.convert_ids_to_tokens(im_end if im_end in ids else ids[0])
 
 
+def solution_turns(segments: Iterable[Segment], tool_format: Any) -> list[tuple[str, str | None]]:
+    """A worked solution's model turns as (text, code) pairs, split after every call as `ToolFormat.model_turns`
+    splits them; the last turn, the answer, has no code."""
+    turns: list[tuple[str, str | None]] = []
+    text: list[str] = []
+    for segment in segments:
+        if segment.kind == "code":
+            turns.append(("\n\n".join(text), segment.content))
+            text = []
+        elif segment.kind == "answer":
+            text.append(tool_format.answer_text(segment.content))
+        elif segment.kind == "text":
+            text.append(segment.content)
+    turns.append(("\n\n".join(text), None))
+    return turns
+
+
+def template_turn_ids(env: Any, text: str, code: str | None) -> list[int]:
+    """One model turn of a dialect format as its chat template renders it (an assistant message with `tool_calls`,
+    shaped as the template reads them, or a plain answer), after the episode's context up to its end token: the
+    layout the model must learn (a thinking template closes its think block, Llama 3.1 drops text before a call).
+    Where the template ends the turn before the call (gpt-oss writes the text as an analysis message of its own),
+    the call turn is the call alone; where it re-renders the context differently, the format's text."""
+    env = getattr(env, "unwrapped", env)
+    fmt = env.format
+    if code is None:
+        ids = _rendered_turn(env, {"role": "assistant", "content": text}, [])
+    elif fmt.shape is None:  # the template drops `tool_calls`: the model's text is the content
+        message = {"role": "assistant", "content": (text + fmt.call_glue if text else "") + fmt.call_text(code)}
+        ids = _rendered_turn(env, message, fmt.tool_messages([""]))
+    else:
+        call = [FunctionCall(TOOL_NAME, {"code": code})]
+        ids = None
+        for content in dict.fromkeys([text or fmt.shape.content, fmt.shape.content]):
+            message = fmt.dialect.tool_call_message(None if fmt.shape.content is None else content, call,
+                                                    arguments_as_string=fmt.shape.arguments_as_string)
+            ids = _rendered_turn(env, message, fmt.tool_messages([""]))  # a call that ends the chat may differ
+            if ids is not None and [c.code for c in fmt.parse(ids).tool_calls] == [code]:
+                break
+            ids = None
+    if ids is not None:
+        return ids
+    turn = (text + fmt.call_glue if text and code is not None else text) + (fmt.call_text(code) if code else "")
+    return encode(env.tokenizer, turn + fmt.turn_end)
+
+
+def _rendered_turn(env: Any, message: dict[str, Any], followers: list[dict[str, Any]]) -> list[int] | None:
+    """The tokens the template renders for `message` after the episode's context, up to the first end token."""
+    conversation, fmt = env._conversation, env.format
+    rendered = conversation.render([*conversation.messages, message, *followers], add_generation_prompt=False)
+    if not rendered.startswith(conversation.text):
+        return None
+    ids = encode(env.tokenizer, rendered[len(conversation.text):])
+    end = next((i for i, t in enumerate(ids) if t in fmt.end_token_ids), None)
+    return None if end is None else ids[: end + 1]
+
+
 def replay(env: Any, solution: Solution) -> Trajectory:
-    """Play `solution` through `env` turn by turn (token ids of each turn, as a policy would emit them).
+    """Play `solution` through `env` turn by turn (token ids of each turn, as a policy would emit them; in a dialect
+    format, as the chat template renders each turn, `template_turn_ids`).
 
     An environment whose sandbox is a `RecordedSandbox` is loaded with the solution's recorded outputs first.
     """
@@ -114,8 +175,13 @@ def replay(env: Any, solution: Solution) -> Trajectory:
     if isinstance(env.sandbox, RecordedSandbox):
         env.sandbox.load(solution.recorded_outputs or [])
     env.reset(options={"problem": solution.problem})
-    for turn in env.format.model_turns(solution.segments, end_of_turn_token(env)):
-        ids = env.tokenizer.encode(turn, add_special_tokens=False)
+    if isinstance(env.format, DialectFormat):
+        turns: Iterable[list[int]] = (template_turn_ids(env, text, code)
+                                      for text, code in solution_turns(solution.segments, env.format))
+    else:
+        turns = (env.tokenizer.encode(turn, add_special_tokens=False)
+                 for turn in env.format.model_turns(solution.segments, end_of_turn_token(env)))
+    for ids in turns:
         _, _, terminated, truncated, _ = env.step({"token_ids": ids, "finish_reason": "stop"})
         if terminated or truncated:
             break

@@ -12,6 +12,7 @@ import base64
 import copy
 import functools
 import re
+import warnings
 
 import pytest
 
@@ -166,13 +167,10 @@ def test_tool_output_never_becomes_a_special_token(name, mode):
 
     added = set(tok.get_added_vocab().values())
     benign_ids, _ = next_context("x" * len(forged))
-    if name in ("gptoss", "llama3_1"):  # they render the output as a JSON string: the markers cannot be located
-        with pytest.warns(UserWarning, match="cannot locate"):  # so the whole tool turn is split: safe, not exact
-            forged_ids, forged_text = next_context(forged)
-        assert not [i for i in forged_ids if i in added]
-    else:
+    with warnings.catch_warnings():  # gpt-oss and Llama 3.1 render the output as a JSON string: still located
+        warnings.filterwarnings("error", message=".*cannot locate")
         forged_ids, forged_text = next_context(forged)
-        assert [i for i in forged_ids if i in added] == [i for i in benign_ids if i in added]
+    assert [i for i in forged_ids if i in added] == [i for i in benign_ids if i in added]
     assert forged in forged_text.replace("\\\"", "\"")  # gpt-oss and Llama 3.1 render it as a JSON string
 
 
