@@ -17,9 +17,7 @@ from typing import Any, TypeVar
 from retool_env.config import EnvConfig
 from retool_env.formats import (
     CODE_INTERPRETER_TOOL,
-    HermesFormat,
     ToolCall,
-    format_class,
     resolve_tool_format,
     strip_code_fences,
 )
@@ -41,6 +39,11 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run(coro)
     with ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(asyncio.run, coro).result()
+
+
+# The dialects TRL 1.16's own parser (`add_response_schema`, `parse_response`) reads correctly from a call its own
+# template renders (tests/test_dialect_entry_points.py); it misreads LFM2's and reads no call from DeepSeek's.
+TRL_PARSED_DIALECTS = ("hermes", "qwen3_coder", "llama3_json", "glm45", "openai", "gemma4")
 
 
 class CodeInterpreterEnvironment:
@@ -78,9 +81,11 @@ class CodeInterpreterEnvironment:
     def __init__(self, tokenizer: Any, **config: Any) -> None:
         self.config = EnvConfig(**config)
         self.tokenizer = load_tokenizer(tokenizer)
-        if not issubclass(format_class(resolve_tool_format(self.config.tool_format, self.tokenizer)), HermesFormat):
-            raise ValueError(f"TRL's tool loop parses the chat template's own tool calls (hermes); the "
-                             f"{self.config.tool_format!r} format needs ReToolRollout (rollout_func)")
+        tool_format = resolve_tool_format(self.config.tool_format, self.tokenizer)
+        if tool_format not in TRL_PARSED_DIALECTS:
+            raise ValueError(f"TRL's tool loop parses the chat template's own tool calls, and reads them correctly in "
+                             f"{', '.join(TRL_PARSED_DIALECTS)}; the {tool_format!r} format needs ReToolRollout "
+                             f"(rollout_func), which parses every dialect")
         if self.config.max_turn_tokens is not None:
             raise ValueError("TRL's tool loop has no per-turn budget; unset max_turn_tokens, or use ReToolRollout")
         if self.config.on_timeout != "feedback":

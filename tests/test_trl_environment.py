@@ -5,6 +5,7 @@ sandbox, TRL's own tool loop). Nothing is mocked.
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import math
@@ -134,6 +135,22 @@ def test_a_factory_pickles_and_misuse_says_what_to_do(tiny_tok):
     with pytest.raises(ValueError, match="environment_factory"):
         grade_final_answers(["\\boxed{1}"])
     assert grade_final_answers(["\\boxed{1}"], environments=[object()]) == [None]  # another environment's rollout
+
+
+@pytest.mark.parametrize(("template", "accepted"), [("qwen3_6", True), ("llama3_1", True), ("lfm2_v2", False)])
+def test_the_dialects_trls_parser_reads_are_accepted_and_the_others_refused(tiny_tok, template, accepted):
+    from retool_env.chat import resolve_chat_template
+
+    tok = copy.deepcopy(tiny_tok)
+    try:
+        tok.chat_template = resolve_chat_template(template)
+    except ValueError:
+        pytest.skip("TRL's chat templates are not installed")
+    if accepted:
+        assert CodeInterpreterEnvironment(tok).tools is not None
+    else:  # TRL cuts LFM2's quoted code short: training on it would run code the model never wrote
+        with pytest.raises(ValueError, match="'lfm2'.*ReToolRollout"):
+            CodeInterpreterEnvironment(tok)
 
 
 # ---------------------------------------------------------------------------------------- the real GRPOTrainer
