@@ -149,7 +149,7 @@ def test_the_dialects_trls_parser_reads_are_accepted_and_the_others_refused(tiny
     if accepted:
         assert CodeInterpreterEnvironment(tok).tools is not None
     else:  # TRL cuts LFM2's quoted code short: training on it would run code the model never wrote
-        with pytest.raises(ValueError, match="'lfm2'.*ReToolRollout"):
+        with pytest.raises(ValueError, match=r"'lfm2'.*ReToolRollout"):
             CodeInterpreterEnvironment(tok)
 
 
