@@ -40,15 +40,23 @@ pytestmark = pytest.mark.skipif(not NAMES, reason="TRL's chat templates are not 
 
 
 @functools.cache
-def family_tokenizer(name: str):
+def _qwen_with(extra: tuple[str, ...]):
+    """Qwen's vocabulary plus `extra` special tokens: one copy per set of tokens (48 templates spell 10 sets), since
+    copying a 151k-token tokenizer takes seconds."""
     from retool_env.offline import qwen_tokenizer
 
     tok = copy.deepcopy(qwen_tokenizer())
-    template = resolve_chat_template(name)
-    known = set(tok.get_added_vocab())
-    extra = sorted({t for t in _SPECIAL.findall(template) if t not in known})
     if extra:
-        tok.add_special_tokens({"additional_special_tokens": extra})
+        tok.add_special_tokens({"additional_special_tokens": list(extra)})
+    return tok
+
+
+def family_tokenizer(name: str):
+    """The family's tokenizer for template `name`. Templates that spell the same special tokens share one object,
+    re-pointed at `name`'s template and end token here: use one at a time."""
+    template = resolve_chat_template(name)
+    known = set(_qwen_with(()).get_added_vocab())
+    tok = _qwen_with(tuple(sorted({t for t in _SPECIAL.findall(template) if t not in known})))
     tok.eos_token = next(t for t in _EOS if t in template or t in known)
     tok.chat_template = template
     return tok
