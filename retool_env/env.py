@@ -17,6 +17,7 @@ from gymnasium import spaces
 from retool_env.chat import SAMPLE_MODES, Conversation, with_chat_template
 from retool_env.config import EnvConfig
 from retool_env.data import Problem
+from retool_env.faults import episode_fault_key, with_faults
 from retool_env.formats import ParsedAction, ToolCall, make_format, prompt_messages
 from retool_env.grading import Grade, agrade
 from retool_env.prompts import get_prompt, render_prompt
@@ -216,7 +217,8 @@ class ToolEnvironment(gym.Env):
         self.chat_template_kwargs = dict(config.chat_template_kwargs or {})
         self.format = make_format(config.tool_format, self.tokenizer, self.chat_template_kwargs)
         self.prompt = get_prompt(config.prompt or self.format.default_prompt)
-        self.sandbox = shared_sandbox(config.sandbox) if isinstance(config.sandbox, str) else config.sandbox
+        self.sandbox = with_faults(shared_sandbox(config.sandbox) if isinstance(config.sandbox, str) else config.sandbox,
+                                   config)  # EnvConfig.fault_rate: injected transient faults
         self.reward_fn = get_reward_fn(config.reward, **config.reward_kwargs)
         self.max_tool_calls = config.max_tool_calls
         self.max_completion_tokens = config.max_completion_tokens
@@ -233,6 +235,7 @@ class ToolEnvironment(gym.Env):
         self.trajectory: Trajectory | None = None
         self.problem: Problem | None = None
         self._session: str | None = None
+        self._episode_seed: int | None = None  # keys injected faults (retool_env.faults)
         self._done = False
         self._last_results: list[dict[str, Any]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -244,6 +247,7 @@ class ToolEnvironment(gym.Env):
     # ----------------------------------------------------------------------------------------------------- reset
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
         super().reset(seed=seed)
+        self._episode_seed = seed
         self._end_session()
         options = options or {}
         if "problem" in options:
@@ -293,7 +297,7 @@ class ToolEnvironment(gym.Env):
         """`step` for asyncio: awaits the sandbox, so thousands of episodes can run in one process."""
         pending = self._take_action(action)
         if isinstance(pending, _PendingTools):
-            results = await asyncio.gather(*(self._run_async(call) for call in pending.parsed.tool_calls))
+            results = await asyncio.gather(*(self._run_async(call, i) for i, call in enumerate(pending.parsed.tool_calls)))
             observed = self._observe(pending, list(results))
             if observed is not None:
                 return observed
@@ -357,10 +361,12 @@ class ToolEnvironment(gym.Env):
         return ids.tolist(), (None if logprobs is None else [float(x) for x in logprobs]), finish_reason
 
     # ------------------------------------------------------------------------------------------------ tool calls
-    async def _run_async(self, call: ToolCall) -> ExecResult | str:
+    async def _run_async(self, call: ToolCall, index: int = 0) -> ExecResult | str:
         if call.code is None:
             return call.error or "invalid tool call"
-        return await self.sandbox.run(call.code, timeout=self.tool_timeout, session=self._session)
+        faults = {"fault_key": episode_fault_key(self.problem.id, self._episode_seed, self.trajectory.prompt_ids +
+                                                 self.trajectory.completion_ids, index)} if self.config.fault_rate else {}
+        return await self.sandbox.run(call.code, timeout=self.tool_timeout, session=self._session, **faults)
 
     def _observe(self, pending: _PendingTools, results: Sequence[ExecResult | str]) -> tuple | None:
         """Record the tool results and append their rendering; None when it does not fit (the episode ends)."""
