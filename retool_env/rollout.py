@@ -88,7 +88,8 @@ async def run_episode(
     for every turn would replay turn 1's random draws in each later turn, which then are no samples of the policy.
     """
     env = getattr(env, "unwrapped", env)
-    _, info = env.reset(options={"problem": problem} if problem is not None else None)
+    _, info = env.reset(seed=sampling.seed,  # the episode's own seed: it keys its injected faults (EnvConfig.fault_rate)
+                        options={"problem": problem} if problem is not None else None)
     traj = env.trajectory
     while True:
         turn = len(traj.turns)

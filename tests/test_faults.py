@@ -5,6 +5,7 @@ local sandbox and `RecordedSandbox` (the project's replay sandbox, whose queue s
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 
@@ -12,6 +13,7 @@ from retool_env.coldstart import RecordedSandbox
 from retool_env.data import Problem
 from retool_env.env import ToolEnvironment
 from retool_env.faults import FAULT_MESSAGE, FaultInjectingSandbox, episode_fault_key
+from retool_env.rollout import Generation, SamplingParams, run_episodes
 from retool_env.sandbox import LocalSandbox
 
 PROBLEM = Problem(question="What is 6 times 7?", answer="42", id="six-sevens")
@@ -125,3 +127,36 @@ def test_the_environment_draws_faults_per_episode_reproducibly(tiny_tok):
     assert [first_status(other, problem=p) for p in problems] != statuses[0]
     for env in (*envs, other):
         env.close()
+
+
+class Retrier:
+    """A scripted policy: calls the interpreter, calls again while the sandbox refuses, then boxes what it printed."""
+
+    def __init__(self, tok):
+        self.tok = tok
+
+    async def generate(self, prompt_ids, *, max_tokens, stop_token_ids=(), stop=(), sampling=None):
+        results = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", self.tok.decode(prompt_ids), re.DOTALL)
+        if results and "refused" not in results[-1]:
+            reply = f"\\boxed{{{results[-1].strip()}}}<|im_end|>"
+        else:
+            reply = call("print(6 * 7)") + "<|im_end|>"
+        ids = self.tok.encode(reply, add_special_tokens=False)
+        return Generation(ids, None, "stop")
+
+
+def test_seeded_rollouts_draw_each_episode_apart_and_reproducibly(tiny_tok):
+    """Episodes that write the same text still draw their own faults: `run_episode` resets with the episode's seed."""
+    def play() -> list:
+        make_env = lambda: ToolEnvironment(tiny_tok, [PROBLEM], fault_rate=0.3, max_tool_calls=3,  # noqa: E731
+                                           sandbox=RecordedSandbox(["42\n"] * 400))
+        return asyncio.run(run_episodes([PROBLEM], make_env, Retrier(tiny_tok), n_per_problem=200, concurrency=1,
+                                        sampling=SamplingParams(seed=11), progress=False))
+
+    first, again = play(), play()
+    statuses = [[c.status for c in t.tool_calls] for t in first]
+    assert statuses == [[c.status for c in t.tool_calls] for t in again]
+    refused_first = sum(s[0] == "sandbox_error" for s in statuses)
+    assert 30 < refused_first < 90  # 60 expected of 200: not all or none, as one text keyed alone would give
+    recovered = [t for t, s in zip(first, statuses, strict=True) if s[0] == "sandbox_error" and t.correct]
+    assert recovered and all(t.reward == pytest.approx(1.0) for t in recovered)  # `retool`: correct is +1
