@@ -387,9 +387,13 @@ def plot(out: Path, results: list[dict], arms: list[str]) -> None:
         fig.savefig(out / f"{name}.png", dpi=110)
         plt.close(fig)
     if "tool" in arms:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        _stage_bars(ax, results, "tool", levels, lambda row: (row.get("self_correction") or {}).get("recovered_rate"))
-        ax.set_title("tool arm: recovered after a failed call, per level")
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+        _stage_bars(axes[0], results, "tool", levels,
+                    lambda row: (row.get("fault_recovery") or {}).get("recovered_rate"))
+        axes[0].set_title("tool arm: recovered after an injected fault, per level")
+        _stage_bars(axes[1], results, "tool", levels,
+                    lambda row: (row.get("self_correction") or {}).get("recovered_rate"))
+        axes[1].set_title("tool arm: recovered after a failed call of its own, per level")
         fig.tight_layout()
         fig.savefig(out / "self_correction.png", dpi=110)
         plt.close(fig)
