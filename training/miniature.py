@@ -266,7 +266,8 @@ def run_seed(args: Arguments, seed: int, out: Path, log) -> dict:
     test = load_problems(test_path)
 
     # 2. Tokenizer and model: a BPE without digit merges, a small random Qwen2 (same weights for both arms).
-    tokenizer = tiny_tokenizer(args.vocab_size, tokenizer_corpus(train))
+    faults = bool(args.fault_rate or args.coldstart_fault_share)  # the refusal message in the BPE's corpus
+    tokenizer = tiny_tokenizer(args.vocab_size, tokenizer_corpus(train, faults=faults))
     init_dir = build_tiny_qwen(seed_dir / "model-init", tokenizer, hidden_size=args.hidden_size,
                                num_layers=args.num_layers, num_heads=args.hidden_size // 64,
                                num_kv_heads=args.num_kv_heads, seed=seed,

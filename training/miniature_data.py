@@ -167,12 +167,15 @@ def write_coldstart(problems: Sequence[Problem], kinds: Sequence[str], path: Pat
     return counts
 
 
-def tokenizer_corpus(problems: Sequence[Problem]) -> str:
+def tokenizer_corpus(problems: Sequence[Problem], faults: bool = True) -> str:
     """Text to train the BPE on: questions, code and tags with every digit removed, so no merge ever joins digits
-    and numbers stay one character per digit (as Qwen's tokenizer keeps them)."""
+    and numbers stay one character per digit (as Qwen's tokenizer keeps them). With `faults`, the refusal message
+    and the retry too (without, the corpus of the runs before injected faults, so their tokenizer is rebuilt)."""
     lines = []
+    fault_lines = f"{FAULT_MESSAGE}\n" if faults else ""
     for p in problems[:200]:
         lines += [p.question, _code_block(p.metadata["code"]), _code_block(_bug(p.metadata["code"], random.Random(0))),
                   "<interpreter>\nNameError: name 'prnt' is not defined\nSyntaxError: '(' was never closed\n"
-                  f"{FAULT_MESSAGE}\n</interpreter>", "Fix the typo.", "Retry.", _answer_block(p.answer), "Put your final answer in \\boxed{}.", "user assistant"]
+                  f"{fault_lines}</interpreter>", "Fix the typo.", *(["Retry."] if faults else []),
+                  _answer_block(p.answer), "Put your final answer in \\boxed{}.", "user assistant"]
     return "".join(ch for ch in "\n".join(lines) if not ch.isdigit())
