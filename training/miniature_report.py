@@ -216,6 +216,12 @@ def recovery_gain_line(results: list[dict]) -> str:
             f"{len(values)} seed(s) {_signed(mean)} ± {_fmt(se)}.")
 
 
+def _recovery_stderr(result: dict) -> str:
+    """The " ± SE" of a seed's recovery gain, for its cell in the targets table; "" when unknown."""
+    _, se = recovery_gain(result)
+    return "" if se is None else f" ± {se:.2f}"
+
+
 def _signed(value: float | None) -> str:
     return "-" if value is None else f"{value:+.2f}"
 
@@ -317,7 +323,8 @@ def write_report(args: Any, out: Path, results: list[dict], wall_s: float) -> No
               "|---|" + "---|" * len(results)]
     table = [criteria(r) for r in results]
     for i, (name, _, _) in enumerate(table[0]):
-        cells = [f"{_fmt(t[i][1])} {'met' if t[i][2] else 'not met' if t[i][2] is False else 'n/a'}" for t in table]
+        cells = [f"{_fmt(t[i][1])}{_recovery_stderr(r) if name == RECOVERY_TARGET else ''} "
+                 f"{'met' if t[i][2] else 'not met' if t[i][2] is False else 'n/a'}" for r, t in zip(results, table, strict=True)]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", "Over seeds (worst: the lowest value, or the highest for a `<=` target):", "",
               "| target | mean | sd | worst seed | seeds met |", "|---|---|---|---|---|"]
