@@ -20,12 +20,13 @@ STAGES = ("before_sft", "after_sft", "after_rl")
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # about 3 min alone, over 5 beside other jobs on 2 cores
 def test_miniature_smoke_writes_run_folder(tmp_path):
     out = tmp_path / "run"
     (out / "seed0" / "tool" / "grpo" / "checkpoint-0").mkdir(parents=True)  # left by an earlier run: not evaluated
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     subprocess.run([sys.executable, "training/miniature.py", "--smoke", "--out", str(out)], cwd=ROOT, env=env,
-                   check=True, timeout=600)
+                   check=True, timeout=1100)
 
     for name in ("metrics.jsonl", "report.md", "summary.json", "accuracy.png", "code_use.png", "rl_curves.png",
                  "heldout.png", "self_correction.png"):
@@ -93,11 +94,12 @@ def test_miniature_smoke_writes_run_folder(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_miniature_seed_list_writes_one_combined_report(tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     subprocess.run([sys.executable, "training/miniature.py", "--smoke", "--arms", "tool", "--seed_list", "3", "1",
-                    "--out", str(out)], cwd=ROOT, env=env, check=True, timeout=900)
+                    "--out", str(out)], cwd=ROOT, env=env, check=True, timeout=1100)
     summary = json.loads((out / "summary.json").read_text())
     assert [r["seed"] for r in summary["results"]] == [3, 1] and len(summary["criteria"]) == 2
     assert (out / "seed3" / "tool" / "eval-after_rl").is_dir() and (out / "seed1" / "tool" / "eval-after_rl").is_dir()
