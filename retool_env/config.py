@@ -61,6 +61,11 @@ class EnvConfig:
     on_timeout: str = field(default="feedback", metadata={
         "help": "A call that times out: feedback (the model is told and goes on) or abort (the episode ends, "
                 "truncated, finish_reason tool_timeout, as verifiers' abort_on_code_timeout)."})
+    fault_rate: float = field(default=0.0, metadata={
+        "help": "Share of tool calls refused before they run, as a busy or failing sandbox refuses them (status "
+                "sandbox_error, a retryable message; counted as failed calls): robustness training and tests. "
+                "Seeded by fault_seed and the episode so far (retool_env.faults)."})
+    fault_seed: int = field(default=0, metadata={"help": "Seed of the injected faults (fault_rate)."})
     stateful: bool = field(default=False, metadata={
         "help": "Keep variables between an episode's tool calls (Jupyter-like)."})
     chat_template: str | None = field(default=None, metadata={

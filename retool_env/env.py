@@ -17,6 +17,7 @@ from gymnasium import spaces
 from retool_env.chat import SAMPLE_MODES, Conversation, with_chat_template
 from retool_env.config import EnvConfig
 from retool_env.data import Problem, load_dataset_problems
+from retool_env.faults import episode_fault_key
 from retool_env.formats import ParsedAction, make_format, prompt_messages
 from retool_env.grading import Grade, agrade
 from retool_env.prompts import get_prompt, render_prompt
@@ -165,6 +166,7 @@ class ToolEnvironment(gym.Env):
         self.trajectory: Trajectory | None = None
         self.problem: Problem | None = None
         self._session: str | None = None
+        self._episode_seed: int | None = None  # keys injected faults (retool_env.faults)
         self._done = False
         self._last_results: list[dict[str, Any]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -189,6 +191,7 @@ class ToolEnvironment(gym.Env):
         config = _check_budgets(dataclasses.replace(self.config, **overrides)) if overrides else self.config
         tools = self.tools if self.tools.config == config else ToolRunner(config, self.tokenizer)
         super().reset(seed=seed)
+        self._episode_seed = seed
         self._end_session()
         self.episode_config, self.tools = config, tools
         if "problem" in options:
@@ -245,7 +248,9 @@ class ToolEnvironment(gym.Env):
         """`step` for asyncio: awaits the sandbox, so thousands of episodes can run in one process."""
         pending = self._take_action(action)
         if isinstance(pending, _PendingTools):
-            records = await self.tools.run_turn(pending.parsed.tool_calls, session=self._session, turn=pending.turn)
+            calls = pending.parsed.tool_calls
+            keys = [self._fault_key(i) for i in range(len(calls))] if self.config.fault_rate else None
+            records = await self.tools.run_turn(calls, session=self._session, turn=pending.turn, fault_keys=keys)
             observed = self._observe(pending, records)
             if observed is not None:
                 return observed
@@ -311,6 +316,12 @@ class ToolEnvironment(gym.Env):
         return ids.tolist(), (None if logprobs is None else [float(x) for x in logprobs]), finish_reason
 
     # ------------------------------------------------------------------------------------------------ tool calls
+    def _fault_key(self, index: int) -> bytes:
+        """The key of the turn's `index`-th call for injected faults (`EnvConfig.fault_rate`): the episode so far."""
+        assert self.problem is not None and self.trajectory is not None
+        return episode_fault_key(self.problem.id, self._episode_seed,
+                                 self.trajectory.prompt_ids + self.trajectory.completion_ids, index)
+
     def _observe(self, pending: _PendingTools, records: list[ToolCallRecord]) -> tuple | None:
         """Record the tool results and append their rendering; None when it does not fit (the episode ends)."""
         traj, config = self.trajectory, self.episode_config

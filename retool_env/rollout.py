@@ -92,7 +92,8 @@ async def run_episode(
     """
     env = getattr(env, "unwrapped", env)
     options = {**(options or {}), **({"problem": problem} if problem is not None else {})}
-    _, info = env.reset(options=options or None)
+    # the episode's own seed: it keys its injected faults (EnvConfig.fault_rate)
+    _, info = env.reset(seed=sampling.seed, options=options or None)
     traj = env.trajectory
     while True:
         turn = len(traj.turns)

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from retool_env.config import EnvConfig
+from retool_env.faults import with_faults
 from retool_env.formats import ToolCall
 from retool_env.sandbox import ExecResult, Sandbox, make_sandbox
 from retool_env.tokens import clip_tokens
@@ -86,7 +87,7 @@ class ToolRunner:
         self.tokenizer = tokenizer
         self.error_format = parse_error_format(config.error_format)
         spec = config.sandbox
-        self.sandbox: Sandbox = shared_sandbox(spec) if isinstance(spec, str) else spec
+        self.sandbox: Sandbox = with_faults(shared_sandbox(spec) if isinstance(spec, str) else spec, config)
 
     def __getstate__(self) -> dict[str, Any]:
         """A runner pickles as its settings: a sandbox named by a spec is found again in the unpickling process."""
@@ -98,7 +99,7 @@ class ToolRunner:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         if "sandbox" not in state:
-            self.sandbox = shared_sandbox(self.config.sandbox)
+            self.sandbox = with_faults(shared_sandbox(self.config.sandbox), self.config)
 
     # ----------------------------------------------------------------------------------------------- the budget
     def calls_left(self, records: Sequence[ToolCallRecord]) -> int:
@@ -120,19 +121,23 @@ class ToolRunner:
 
     # ------------------------------------------------------------------------------------------------- the run
     async def run(self, call: ToolCall, *, session: str | None = None, turn: int = 0,
-                  code: str | None = None) -> ToolCallRecord:
+                  code: str | None = None, fault_key: bytes | None = None) -> ToolCallRecord:
         """Run one parsed call in the sandbox (an invalid one is answered with its reason) and record what the
-        model is shown. `code` replaces the call's code in the record (the text the model wrote, say)."""
+        model is shown. `code` replaces the call's code in the record (the text the model wrote, say); `fault_key`
+        keys the call's injected fault (`EnvConfig.fault_rate`, `retool_env.faults`)."""
         recorded = call.code if code is None else code
         if call.code is None:  # a call that could not be parsed: tell the model what was wrong
             return self._record(recorded, f"Error: {call.error or 'invalid tool call'}", ToolStatus.INVALID, 0.0, turn)
-        result = await self.sandbox.run(call.code, timeout=self.config.tool_timeout, session=session)
+        keyed = {} if fault_key is None else {"fault_key": fault_key}
+        result = await self.sandbox.run(call.code, timeout=self.config.tool_timeout, session=session, **keyed)
         return self._record(recorded, self.observation(result), result.status, result.duration, turn)
 
-    async def run_turn(self, calls: Sequence[ToolCall], *, session: str | None = None,
-                       turn: int = 0) -> list[ToolCallRecord]:
+    async def run_turn(self, calls: Sequence[ToolCall], *, session: str | None = None, turn: int = 0,
+                       fault_keys: Sequence[bytes] | None = None) -> list[ToolCallRecord]:
         """A turn's calls, run concurrently, their records in the order the model wrote them."""
-        return list(await asyncio.gather(*(self.run(call, session=session, turn=turn) for call in calls)))
+        keys = list(fault_keys) if fault_keys is not None else [None] * len(calls)
+        return list(await asyncio.gather(*(self.run(call, session=session, turn=turn, fault_key=key)
+                                           for call, key in zip(calls, keys, strict=True))))
 
     def observation(self, result: ExecResult) -> str:
         """The text of a call's result before clipping: its output, a failed call's cut as `error_format` says."""

@@ -13,17 +13,20 @@ from pathlib import Path
 import pytest
 import yaml
 
+from retool_env.faults import FAULT_MESSAGE
+
 ROOT = Path(__file__).resolve().parent.parent
 STAGES = ("before_sft", "after_sft", "after_rl")
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # about 3 min alone, over 5 beside other jobs on 2 cores
 def test_miniature_smoke_writes_run_folder(tmp_path):
     out = tmp_path / "run"
     (out / "seed0" / "tool" / "grpo" / "checkpoint-0").mkdir(parents=True)  # left by an earlier run: not evaluated
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     subprocess.run([sys.executable, "training/miniature.py", "--smoke", "--out", str(out)], cwd=ROOT, env=env,
-                   check=True, timeout=600)
+                   check=True, timeout=1100)
 
     for name in ("metrics.jsonl", "report.md", "summary.json", "accuracy.png", "code_use.png", "rl_curves.png",
                  "heldout.png", "self_correction.png"):
@@ -50,12 +53,22 @@ def test_miniature_smoke_writes_run_folder(tmp_path):
     assert all(0.0 <= r["accuracy"] <= 1.0 and r["turns"] >= 1 for r in steps)
     assert records[-1]["event"] == "done"
 
-    # The cold start of the tool arm holds all three kinds of solution; the text arm's only tool-free ones.
+    # The cold start of the tool arm holds every kind of solution; the text arm's only tool-free ones.
     kinds = {r["arm"]: r["kinds"] for r in records if r["event"] == "coldstart"}
-    assert set(kinds["tool"]) == {"text", "code", "self_correct"} and set(kinds["text"]) == {"text"}
+    assert set(kinds["tool"]) == {"text", "code", "self_correct", "retry", "give_up"} and set(kinds["text"]) == {"text"}
     rows = [json.loads(line) for line in (out / "seed0" / "tool" / "coldstart.jsonl").read_text().splitlines()]
     fixed = [r["messages"][1]["content"] for r in rows if "Fix the typo." in r["messages"][1]["content"]]
     assert fixed and all("Error" in text for text in fixed)  # the interpreter's real error precedes every fix
+    retried = [r["messages"][1]["content"] for r in rows if "Retry." in r["messages"][1]["content"]]
+    assert retried and all(text.count("<code>") == 2 and text.index(FAULT_MESSAGE) < text.index("Retry.")
+                           for text in retried)  # the refusal, then the same call again
+    # Faults are injected in GRPO and evaluation, not in the replay of the cold start (its refusals are recorded).
+    assert yaml.safe_load((out / "seed0" / "tool" / "grpo.yaml").read_text())["fault_rate"] == 0.2
+    assert yaml.safe_load((out / "seed0" / "tool" / "sft.yaml").read_text())["fault_rate"] == 0.0
+    for record in evals:  # recovery from refused calls, per level (a smoke model rarely calls: counts may be 0)
+        for row in record["levels"].values():
+            faults = row["fault_recovery"]
+            assert faults["responses_with_fault"] >= max(faults["recovered"], faults["retried"]) >= 0
     # The text arm's cold start is the tool arm's direct answers, trained for as many SFT steps.
     text_rows = [json.loads(line) for line in (out / "seed0" / "text" / "coldstart.jsonl").read_text().splitlines()]
     assert text_rows == [r for r in rows if "<code>" not in r["messages"][1]["content"]]
@@ -76,9 +89,28 @@ def test_miniature_smoke_writes_run_folder(tmp_path):
     report = (out / "report.md").read_text()
     assert "## Arm `tool`" in report and "## Arm `text`" in report and "## Targets" in report
     assert "## Held-out evaluation during RL" in report
-    assert "## Self-correction\n" in report and "Over seeds" in report and "recovered rate after RL" in report
+    assert "## Self-correction\n" in report and "Over seeds" in report and "recovered rate after an injected fault" in report
+    assert "On recoverable failures" in report and "On every failed call" in report
     for arm in ("tool", "text"):
         assert (out / "seed0" / arm / "grpo" / "trainer_state.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_miniature_seed_list_writes_one_combined_report(tmp_path):
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    subprocess.run([sys.executable, "training/miniature.py", "--smoke", "--arms", "tool", "--seed_list", "3", "1",
+                    "--out", str(out)], cwd=ROOT, env=env, check=True, timeout=1100)
+    summary = json.loads((out / "summary.json").read_text())
+    assert [r["seed"] for r in summary["results"]] == [3, 1] and len(summary["criteria"]) == 2
+    assert (out / "seed3" / "tool" / "eval-after_rl").is_dir() and (out / "seed1" / "tool" / "eval-after_rl").is_dir()
+    assert not (out / "seed0").exists()
+    report = (out / "report.md").read_text()
+    assert "| target | seed 3 | seed 1 |" in report  # the targets per seed, side by side
+    assert "| target | mean | sd | worst seed | seeds met |" in report  # and over the seeds
+    config = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert config["event"] == "config" and config["seed_list"] == [3, 1]
 
 
 def miniature_script():
@@ -105,26 +137,36 @@ def test_criteria_judge_one_seed_against_the_issue_targets():
 
     def rows(acc, code, with_tool, hard_acc, hard_code, easy_acc, easy_code, recovered=None):
         return {"all": {"accuracy": acc, "accuracy_with_tool": with_tool},
-                "hard": {"accuracy": hard_acc, "code_use": hard_code, "self_correction": recovered},
+                "hard": {"accuracy": hard_acc, "code_use": hard_code, "fault_recovery": recovered,
+                         "self_correction": correction(10, 0)},  # every failed call: not the target
                 "easy": {"accuracy": easy_acc, "code_use": easy_code}}
 
-    result = {"tool": {"after_sft": rows(0.5, 0.6, 0.7, 0.4, 0.6, 0.9, 0.3, correction(4, 1)),
-                       "after_rl": rows(0.93, 0.8, 0.92, 0.92, 0.99, 0.97, 0.05, correction(10, 8))},
+    result = {"tool": {"after_sft": rows(0.5, 0.6, 0.7, 0.4, 0.6, 0.9, 0.3, faults(4, 1)),
+                       "after_rl": rows(0.93, 0.8, 0.92, 0.92, 0.99, 0.97, 0.05, faults(10, 8))},
               "text": {"after_sft": rows(0.05, 0.0, None, 0.0, 0.0, 0.2, 0.0),
                        "after_rl": rows(0.06, 0.0, None, 0.01, 0.0, 0.25, 0.0)},
               "heldout": {"tool": heldout([(0, 0.5), (30, 0.9), (60, 0.93)])}}
     verdicts = {name: (value, met) for name, value, met in criteria(result)}
     assert all(met for _, met in verdicts.values()), verdicts
     assert verdicts["all: accuracy RL - SFT >= +0.30"][0] == pytest.approx(0.43)
-    assert verdicts["hard: self-correction RL - SFT > 0"][0] == pytest.approx(0.8 - 0.25)
+    assert verdicts[RECOVERY][0] == pytest.approx(0.8 - 0.25)
 
     result["tool"]["after_rl"]["easy"]["code_use"] = 0.9  # "always call": not strategic
     result["text"]["after_rl"]["easy"]["accuracy"] = 0.0
     failed = {name for name, _, met in criteria(result) if not met}
     assert failed == {"easy: code use after RL <= 0.30", "easy: text RL accuracy > 0"}
 
-    result["tool"]["after_sft"]["hard"]["self_correction"] = correction(0, 0)  # nothing failed after SFT: unknown
-    assert ("hard: self-correction RL - SFT > 0", None, None) in criteria(result)
+    result["tool"]["after_sft"]["hard"]["fault_recovery"] = faults(0, 0)  # no fault after SFT (fault_rate 0): unknown
+    assert (RECOVERY, None, None) in criteria(result)
+
+
+RECOVERY = "hard: self-correction on recoverable failures (injected faults) RL - SFT > 0"
+
+
+def faults(faulted, recovered, retried=None):
+    """`fault_recovery` of an evaluation with these counts."""
+    return miniature_script().fault_rates({"responses_with_fault": faulted, "recovered": recovered,
+                                           "retried": faulted if retried is None else retried})
 
 
 def correction(failing, recovered, followed=0, fixed=0):
@@ -178,10 +220,10 @@ def test_seed_summary_gives_mean_spread_worst_seed_and_seeds_met():
 
     def result(seed, hard_code, easy_code, sft_recovered):
         rows = {"all": {"accuracy": 0.9, "accuracy_with_tool": 0.9},
-                "hard": {"accuracy": 0.95, "code_use": hard_code, "self_correction": correction(10, 9)},
+                "hard": {"accuracy": 0.95, "code_use": hard_code, "fault_recovery": faults(10, 9)},
                 "easy": {"accuracy": 0.95, "code_use": easy_code}}
         sft = {**rows, "all": {"accuracy": 0.1, "accuracy_with_tool": 0.1},
-               "hard": {**rows["hard"], "self_correction": correction(*sft_recovered)}}
+               "hard": {**rows["hard"], "fault_recovery": faults(*sft_recovered)}}
         return {"seed": seed, "tool": {"after_sft": sft, "after_rl": rows}, "heldout": {}}
 
     results = [result(3, 0.99, 0.1, (10, 5)), result(4, 0.90, 0.4, (10, 9)), result(5, 0.97, 0.2, (0, 0))]
@@ -192,7 +234,7 @@ def test_seed_summary_gives_mean_spread_worst_seed_and_seeds_met():
     assert (code["worst_seed"], code["worst_value"], code["met"], code["seeds"]) == (4, 0.90, 2, 3)
     easy = summary["easy: code use after RL <= 0.30"]  # lower is better: the worst seed has the most code use
     assert (easy["worst_seed"], easy["worst_value"], easy["met"]) == (4, 0.4, 2)
-    gain = summary["hard: self-correction RL - SFT > 0"]  # seed 5 had no failure after SFT: left out, not met
+    gain = summary[RECOVERY]  # seed 5 had no fault after SFT: left out, not met
     assert gain["mean"] == pytest.approx((0.4 + 0.0) / 2) and gain["worst_seed"] == 4 and gain["met"] == 1
     assert summary["tool RL: held-out accuracy drop over the last 30 steps <= 0.05"]["worst_seed"] is None
 
@@ -205,3 +247,46 @@ def test_report_reads_jsonl_whose_text_holds_unicode_line_separators(tmp_path):
     records = [{"response": "a\u2028b\x85c"}, {"response": "d"}]
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
     assert _jsonl(path) == records
+
+
+def test_recovery_is_measured_on_responses_with_an_injected_fault(tmp_path):
+    """`with_fault_recovery` reads the evaluation's samples: a response counts when one of its calls was refused
+    (`sandbox_error`); recovered when it still ended correct, retried when a call ran after the refusal."""
+    report = miniature_script()
+
+    def sample(statuses, correct):
+        return {"tool_statuses": statuses, "correct": correct}
+
+    records = [{"level": "multiply", "samples": [sample(["sandbox_error", "ok"], True),  # refused, retried, right
+                                                 sample(["sandbox_error"], False),  # gave up
+                                                 sample(["error", "ok"], True)]},  # its own error: not counted
+               {"level": "easy", "samples": [sample([], True), sample(["ok", "sandbox_error", "skipped"], False)]},
+               {"level": "digitsum", "samples": [sample(["sandbox_error", "sandbox_error"], False)]}]
+    path = tmp_path / "per_problem.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    def summary():
+        return {"mean@4": 0.5, "mean@4_stderr": 0.1, "num_problems": 1, "mean_completion_tokens": 30.0,
+                "tools": {"code_ratio": 1.0, "accuracy_with_tool": 0.5}, "self_correction": correction(0, 0)}
+
+    metrics = {"n_samples": 4, **summary(), "by_level": {lvl: summary() for lvl in ("easy", "multiply", "digitsum")}}
+    rows = report.level_rows(report.with_fault_recovery(metrics, path))
+    multiply = rows["multiply"]["fault_recovery"]
+    assert (multiply["responses_with_fault"], multiply["recovered"], multiply["retried"]) == (2, 1, 1)
+    assert multiply["recovered_rate"] == 0.5 and multiply["recovered_rate_stderr"] == pytest.approx(math.sqrt(0.25 / 2))
+    easy = rows["easy"]["fault_recovery"]  # the call after the refusal was over the budget: not run, no retry
+    assert (easy["responses_with_fault"], easy["recovered"], easy["retried"]) == (1, 0, 0)
+    hard = rows["hard"]["fault_recovery"]  # pooled counts of the hard levels: multiply and digitsum
+    assert (hard["responses_with_fault"], hard["recovered"], hard["retried"]) == (3, 1, 2)
+    assert rows["all"]["fault_recovery"]["responses_with_fault"] == 4
+    assert report.fault_rates({"responses_with_fault": 0, "recovered": 0, "retried": 0})["recovered_rate"] is None
+
+
+def test_seed_list_runs_the_seeds_given():
+    sys.path.insert(0, str(ROOT / "training"))
+    from training.miniature import Arguments, seed_list
+
+    assert seed_list(Arguments(seed=2, seeds=3)) == [2, 3, 4]
+    assert seed_list(Arguments(seed_list=[0, 5, 6], seed=2, seeds=3)) == [0, 5, 6]  # replaces --seed and --seeds
+    with pytest.raises(ValueError, match="distinct"):
+        seed_list(Arguments(seed_list=[1, 1]))

@@ -18,6 +18,7 @@ model this small reaches long before its samples are reliable. Two arms share mo
 
     bash scripts/miniature.sh                  # one seed, both arms (about 8 minutes on 2 cores)
     bash scripts/miniature.sh --seeds 3        # mean and spread over three seeds
+    bash scripts/miniature.sh --seed_list 0 1 2 3 4 5 6  # these seeds, one combined report
     bash scripts/miniature.sh --smoke          # the pipeline end to end in under 3 minutes (CI)
 
 Writes `runs/miniature-<timestamp>/` (or `--out`): `metrics.jsonl` (every evaluation per level, every RL step),
@@ -44,7 +45,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from miniature_report import criteria, level_rows, plot, write_report  # training/, the script's folder
+from miniature_report import criteria, level_rows, plot, with_fault_recovery, write_report  # training/
 
 from retool_env.config import EnvConfig
 from retool_env.rollout import derive_seed
@@ -62,6 +63,9 @@ class Arguments(MINIATURE_ENV):  # type: ignore[misc,valid-type]  # a dataclass 
     out: str | None = field(default=None, metadata={"help": "Run folder (default: runs/miniature-<timestamp>)."})
     seeds: int = field(default=1, metadata={"help": "Run the whole pipeline for seeds seed, seed+1, ..."})
     seed: int = field(default=0, metadata={"help": "First seed."})
+    seed_list: list[int] | None = field(default=None, metadata={"help": "The seeds to run, in order (e.g. "
+                                                                       "--seed_list 0 1 2 3 4 5 6), one combined "
+                                                                       "report; replaces --seed and --seeds."})
     smoke: bool = field(default=False, metadata={"help": "Tiny everything: checks the pipeline end to end (< 3 min)."})
     arms: str = field(default="tool,text", metadata={"help": "Comma-separated arms to run: tool, text."})
     records: bool = field(default=False, metadata={"help": "Record every RL episode of the tool arm in "
@@ -81,6 +85,15 @@ class Arguments(MINIATURE_ENV):  # type: ignore[misc,valid-type]  # a dataclass 
                                                                    "copying skill."})
     self_correct_share: float = field(default=0.15, metadata={"help": "Cold start: share whose first code fails "
                                                                        "and is fixed."})
+    coldstart_fault_share: float = field(default=0.0, metadata={"help": "Cold start: share of the plain code "
+                                                                         "solutions whose first call is refused "
+                                                                         "as `--fault_rate` (EnvConfig's, in GRPO "
+                                                                         "and evaluation) refuses calls; the "
+                                                                         "pilot used 0.3 with --fault_rate 0.2."})
+    coldstart_retry_share: float = field(default=0.5, metadata={"help": "Cold start: share of the refused calls "
+                                                                         "followed by the same call again; the "
+                                                                         "rest answer at once (a guess), so RL has "
+                                                                         "to learn that retrying pays."})
     # model
     vocab_size: int = field(default=400, metadata={"help": "BPE vocabulary (digits stay single characters)."})
     hidden_size: int = field(default=128, metadata={"help": "Model width; heads are 64 wide."})
@@ -125,10 +138,11 @@ class Arguments(MINIATURE_ENV):  # type: ignore[misc,valid-type]  # a dataclass 
         self.num_generations, self.eval_samples, self.eval_every = 4, 2, 1
 
 
-def env_settings(args: Arguments, arm: str) -> EnvConfig:
-    """The environment SFT replay, GRPO and evaluation all use; the text arm has no interpreter."""
+def env_settings(args: Arguments, arm: str, seed: int = 0) -> EnvConfig:
+    """The environment SFT replay, GRPO and evaluation all use; the text arm has no interpreter. `seed` seeds the
+    injected faults (`--fault_rate`)."""
     return EnvConfig.from_settings(args, reward_kwargs={**args.reward_kwargs, "tool_call_cost": args.tool_call_cost},
-                                   max_tool_calls=args.max_tool_calls if arm == "tool" else 0)
+                                   max_tool_calls=args.max_tool_calls if arm == "tool" else 0, fault_seed=seed)
 
 
 def write_yaml(path: Path, config: dict) -> Path:
@@ -154,9 +168,10 @@ def run_logged(cmd: list[str], log: Path) -> None:
 
 def run_sft(args: Arguments, arm: str, model_dir: Path, data: Path, out: Path, seed: int, steps: int) -> Path:
     """Cold-start SFT with training/sft_trl.py: solutions replayed through the environment, interpreter masked."""
-    env = env_settings(args, arm)
+    env = env_settings(args, arm, seed)
     config = {
         "dataset": str(data), **env, "max_tool_calls": max(env.max_tool_calls, 2),  # replay the tool arm's data
+        "fault_rate": 0.0,  # the cold start's refusals are recorded in it; replay injects none of its own
         "model_name_or_path": str(model_dir), "dtype": "float32", "attn_implementation": "eager",
         "output_dir": str(out), "use_cpu": True, "bf16": False, "seed": seed,
         "max_steps": steps, "per_device_train_batch_size": args.sft_batch_size,
@@ -171,7 +186,7 @@ def run_sft(args: Arguments, arm: str, model_dir: Path, data: Path, out: Path, s
 
 def run_grpo(args: Arguments, arm: str, model_dir: Path, problems: Path, out: Path, seed: int) -> Path:
     """GRPO through the real TRL path: `accelerate launch training/grpo_trl.py`, the environment as rollout_func."""
-    env = env_settings(args, arm)
+    env = env_settings(args, arm, seed)
     config = {
         "dataset": str(problems), **env,
         "model_name_or_path": str(model_dir), "dtype": "float32", "attn_implementation": "eager",
@@ -196,7 +211,8 @@ def run_grpo(args: Arguments, arm: str, model_dir: Path, problems: Path, out: Pa
 def evaluate_model(args: Arguments, arm: str, model_dir: Path, problems: list, out: Path, seed: int,
                    n_samples: int | None = None) -> dict:
     """Sampled evaluation on held-out problems, per level (`retool_env.evaluation.evaluate`), each sample under its
-    own seed (derived from `seed`), so its tokens do not depend on how the requests were batched."""
+    own seed (derived from `seed`), so its tokens do not depend on how the requests were batched; with recovery
+    from the injected faults per level (`miniature_report.with_fault_recovery`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from retool_adapters.generators import HFGenerator
@@ -205,11 +221,12 @@ def evaluate_model(args: Arguments, arm: str, model_dir: Path, problems: list, o
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32")
-    return evaluate(problems, HFGenerator(model, tokenizer), tokenizer, n_samples=n_samples or args.eval_samples,
+    metrics = evaluate(problems, HFGenerator(model, tokenizer), tokenizer, n_samples=n_samples or args.eval_samples,
                     sampling=SamplingParams(temperature=args.eval_temperature, seed=seed), out=out, concurrency=64, progress=True,
                     config={"model": str(model_dir), "backend": "hf", "dataset": "miniature test", "arm": arm,
                             "tool_format": "retool"},
-                    **env_settings(args, arm))
+                    **env_settings(args, arm, seed))
+    return with_fault_recovery(metrics, out / "per_problem.jsonl")
 
 
 def rl_curve(grpo_dir: Path) -> list[dict]:
@@ -248,7 +265,8 @@ def run_seed(args: Arguments, seed: int, out: Path, log) -> dict:
     test = load_problems(test_path)
 
     # 2. Tokenizer and model: a BPE without digit merges, a small random Qwen2 (same weights for both arms).
-    tokenizer = tiny_tokenizer(args.vocab_size, tokenizer_corpus(train))
+    faults = bool(args.fault_rate or args.coldstart_fault_share)  # the refusal message in the BPE's corpus
+    tokenizer = tiny_tokenizer(args.vocab_size, tokenizer_corpus(train, faults=faults))
     init_dir = build_tiny_qwen(seed_dir / "model-init", tokenizer, hidden_size=args.hidden_size,
                                num_layers=args.num_layers, num_heads=args.hidden_size // 64,
                                num_kv_heads=args.num_kv_heads, seed=seed,
@@ -271,7 +289,8 @@ def run_arm(args: Arguments, seed: int, arm: str, arm_dir: Path, init_dir: Path,
     arm_dir.mkdir()
     shares = {"easy": (args.text_share_easy, args.self_correct_share),
               "hard": (args.text_share_hard, args.self_correct_share)}
-    problems, kinds = train, coldstart_kinds(train, shares, seed)
+    problems, kinds = train, coldstart_kinds(train, shares, seed, args.coldstart_fault_share,
+                                             args.coldstart_retry_share)
     if arm == "text":  # the same cold start without the solutions that use code
         kept = [(p, k) for p, k in zip(train, kinds, strict=True) if k == "text"]
         problems, kinds = [p for p, _ in kept], [k for _, k in kept]
@@ -311,6 +330,14 @@ def run_arm(args: Arguments, seed: int, arm: str, arm_dir: Path, init_dir: Path,
     return stages, curve, heldout
 
 
+def seed_list(args: Arguments) -> list[int]:
+    """The seeds to run: `--seed_list`, else `--seeds` of them from `--seed`."""
+    seeds = list(args.seed_list) if args.seed_list else list(range(args.seed, args.seed + args.seeds))
+    if len(set(seeds)) != len(seeds) or not seeds:
+        raise ValueError(f"the seeds to run must be distinct and at least one, got {seeds}")
+    return seeds
+
+
 def main(args: Arguments) -> Path:
     if args.smoke:
         args.apply_smoke()
@@ -324,7 +351,7 @@ def main(args: Arguments) -> Path:
             metrics_file.flush()
 
         log({"event": "config", **asdict(args)})
-        results = [run_seed(args, seed, out, log) for seed in range(args.seed, args.seed + args.seeds)]
+        results = [run_seed(args, seed, out, log) for seed in seed_list(args)]
         wall = time.time() - start
         log({"event": "done", "wall_seconds": round(wall, 1)})
     (out / "summary.json").write_text(json.dumps({"wall_seconds": wall, "results": results,

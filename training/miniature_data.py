@@ -9,8 +9,11 @@ appear in training; easy questions repeat between the splits, as there are only 
 Cold-start solutions are written in the ReTool paper's layout (one assistant string with `<code>`,
 `<interpreter>` and `<answer>` blocks) and saved as ReTool-SFT rows, so `training/sft_trl.py` reads them as it
 reads ReTool-SFT and replays them through the environment. Interpreter outputs are real: every code block runs in
-the project's sandbox first. Kinds: `text` (answer directly), `code`, and `self_correct` (the first code has a
-typo, the error is read, the code is fixed).
+the project's sandbox first. Kinds: `text` (answer directly), `code`, `self_correct` (the first code has a
+typo, the error is read, the code is fixed), and two where the first call is refused before it runs, as
+`EnvConfig.fault_rate` refuses calls in RL and evaluation (`retool_env.faults`, its message): `retry` (the same code
+again, then the answer) and `give_up` (an answer straight after the refusal: a guess). The cold start shows the retry
+on only part of the refusals, so that learning when it pays is left to RL.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from retool_env.data.problem import Problem
+from retool_env.faults import FAULT_MESSAGE
 from retool_env.formats import ReToolFormat
 
 HARD_LEVELS = ("multiply", "modpow", "digitsum", "compose")
@@ -120,13 +124,19 @@ def run_codes(codes: Sequence[str], timeout: float = 5.0) -> list[str]:
     return asyncio.run(run_all())
 
 
-def coldstart_kinds(problems: Sequence[Problem], shares: dict[str, tuple[float, float]], seed: int) -> list[str]:
-    """A kind per problem: within a level, shares (text, self_correct) of the problems, the rest plain code."""
+def coldstart_kinds(problems: Sequence[Problem], shares: dict[str, tuple[float, float]], seed: int,
+                    fault_share: float = 0.0, retry_share: float = 0.5) -> list[str]:
+    """A kind per problem: within a level, shares (text, self_correct) of the problems, the rest code; of the code
+    solutions, `fault_share` have their first call refused, and of those `retry_share` retry (the rest give up)."""
     kinds = []
     for p in problems:
         text_share, fix_share = shares["easy" if p.level == "easy" else "hard"]
-        draw = random.Random(f"kind:{seed}:{p.id}").random()
-        kinds.append("text" if draw < text_share else "self_correct" if draw < text_share + fix_share else "code")
+        rng = random.Random(f"kind:{seed}:{p.id}")
+        draw = rng.random()
+        kind = "text" if draw < text_share else "self_correct" if draw < text_share + fix_share else "code"
+        if kind == "code" and rng.random() < fault_share:
+            kind = "retry" if rng.random() < retry_share else "give_up"
+        kinds.append(kind)
     return kinds
 
 
@@ -134,19 +144,21 @@ def write_coldstart(problems: Sequence[Problem], kinds: Sequence[str], path: Pat
     """Write the solutions as ReTool-SFT rows (`messages`: the raw question, then one assistant string) and return
     the count of each kind. Interpreter blocks hold the sandbox's real output for the code written."""
     rng = random.Random(f"bugs:{seed}")
-    plans = []  # per problem: the code blocks to run
+    plans = []  # per problem: the code blocks written, each with whether the call is refused before it runs
     for p, kind in zip(problems, kinds, strict=True):
         code = p.metadata["code"]
-        plans.append([] if kind == "text" else [code] if kind == "code" else [_bug(code, rng), code])
-    outputs = iter(run_codes([c for codes in plans for c in codes]))
+        plans.append({"text": [], "code": [(code, False)], "self_correct": [(_bug(code, rng), False), (code, False)],
+                      "retry": [(code, True), (code, False)], "give_up": [(code, True)]}[kind])
+    outputs = iter(run_codes([c for codes in plans for c, refused in codes if not refused]))
     counts: dict[str, int] = {}
     with open(path, "w", encoding="utf-8") as f:
         for p, kind, codes in zip(problems, kinds, plans, strict=True):
             parts = []
-            for i, code in enumerate(codes):
+            for i, (code, refused) in enumerate(codes):
                 if i:
-                    parts.append("Fix the typo.")
-                parts.append(f"{_code_block(code)}\n<interpreter>\n{next(outputs).rstrip()}\n</interpreter>")
+                    parts.append("Retry." if codes[i - 1][1] else "Fix the typo.")
+                shown = FAULT_MESSAGE if refused else next(outputs).rstrip()
+                parts.append(f"{_code_block(code)}\n<interpreter>\n{shown}\n</interpreter>")
             parts.append(_answer_block(p.answer))
             row = {"id": p.id, "messages": [{"role": "user", "content": p.question},
                                             {"role": "assistant", "content": "\n\n".join(parts)}]}
@@ -155,12 +167,15 @@ def write_coldstart(problems: Sequence[Problem], kinds: Sequence[str], path: Pat
     return counts
 
 
-def tokenizer_corpus(problems: Sequence[Problem]) -> str:
+def tokenizer_corpus(problems: Sequence[Problem], faults: bool = True) -> str:
     """Text to train the BPE on: questions, code and tags with every digit removed, so no merge ever joins digits
-    and numbers stay one character per digit (as Qwen's tokenizer keeps them)."""
+    and numbers stay one character per digit (as Qwen's tokenizer keeps them). With `faults`, the refusal message
+    and the retry too (without, the corpus of the runs before injected faults, so their tokenizer is rebuilt)."""
     lines = []
+    fault_lines = f"{FAULT_MESSAGE}\n" if faults else ""
     for p in problems[:200]:
         lines += [p.question, _code_block(p.metadata["code"]), _code_block(_bug(p.metadata["code"], random.Random(0))),
                   "<interpreter>\nNameError: name 'prnt' is not defined\nSyntaxError: '(' was never closed\n"
-                  "</interpreter>", "Fix the typo.", _answer_block(p.answer), "Put your final answer in \\boxed{}.", "user assistant"]
+                  f"{fault_lines}</interpreter>", "Fix the typo.", *(["Retry."] if faults else []),
+                  _answer_block(p.answer), "Put your final answer in \\boxed{}.", "user assistant"]
     return "".join(ch for ch in "\n".join(lines) if not ch.isdigit())

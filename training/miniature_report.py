@@ -12,7 +12,49 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from retool_env.evaluation import CORRECTION_COUNTS, correction_rates
+from retool_env.evaluation import CORRECTION_COUNTS, binomial_stderr, correction_rates
+
+# Counts of recovery from injected faults (`fault_recovery`); pooling groups means summing these.
+FAULT_COUNTS = ("responses_with_fault", "recovered", "retried")
+NOT_RUN = ("invalid", "skipped")
+
+
+def fault_rates(counts: dict[str, int]) -> dict[str, float | int | None]:
+    """`fault_recovery`'s rates and their binomial standard errors from its counts."""
+    out: dict[str, float | int | None] = {name: counts[name] for name in FAULT_COUNTS}
+    whole = counts["responses_with_fault"]
+    for rate, part in (("recovered_rate", "recovered"), ("retried_rate", "retried")):
+        out[rate] = counts[part] / whole if whole else None
+        out[f"{rate}_stderr"] = binomial_stderr(counts[part], whole)
+    return out
+
+
+def fault_recovery(samples: list[dict]) -> dict[str, float | int | None]:
+    """Self-correction on recoverable failures: of the responses (evaluation samples of `per_problem.jsonl`) with a
+    call refused by the injected faults (`EnvConfig.fault_rate`: status `sandbox_error`, which the real sandbox
+    never returns in a working set-up), the share that still ended correct (`recovered`) and the share that called
+    again after the first refusal (`retried`). Unlike the errors of the model's own code, these cannot be foreseen
+    and can always be recovered from by reading the message and calling again."""
+    counts = dict.fromkeys(FAULT_COUNTS, 0)
+    for sample in samples:
+        statuses = [str(s) for s in sample["tool_statuses"]]
+        if "sandbox_error" not in statuses:
+            continue
+        first = statuses.index("sandbox_error")
+        counts["responses_with_fault"] += 1
+        counts["recovered"] += bool(sample["correct"])
+        counts["retried"] += any(s not in NOT_RUN for s in statuses[first + 1:])
+    return fault_rates(counts)
+
+
+def with_fault_recovery(metrics: dict, per_problem: Path) -> dict:
+    """`metrics` with `fault_recovery` overall and per level, from the evaluation's per-problem samples."""
+    records = _jsonl(per_problem)
+    metrics["fault_recovery"] = fault_recovery([s for r in records for s in r["samples"]])
+    for level, level_metrics in metrics.get("by_level", {}).items():
+        level_metrics["fault_recovery"] = fault_recovery([s for r in records if r.get("level") == level
+                                                          for s in r["samples"]])
+    return metrics
 
 
 def level_rows(metrics: dict) -> dict[str, dict]:
@@ -25,7 +67,8 @@ def level_rows(metrics: dict) -> dict[str, dict]:
         return {"accuracy": m[mean_at_n], "accuracy_stderr": m.get(f"{mean_at_n}_stderr"),
                 "code_use": m["tools"]["code_ratio"],
                 "accuracy_with_tool": m["tools"]["accuracy_with_tool"], "problems": m["num_problems"],
-                "completion_tokens": m["mean_completion_tokens"], "self_correction": m.get("self_correction")}
+                "completion_tokens": m["mean_completion_tokens"], "self_correction": m.get("self_correction"),
+                "fault_recovery": m.get("fault_recovery")}
 
     rows = {level: row(m) for level, m in metrics["by_level"].items()}
     rows["all"] = row(metrics)
@@ -33,12 +76,15 @@ def level_rows(metrics: dict) -> dict[str, dict]:
     n = sum(r["problems"] for r in hard)
     stderrs = [r["accuracy_stderr"] for r in hard]
     corrections = [r["self_correction"] for r in hard]
+    faults = [r["fault_recovery"] for r in hard]
     rows["hard"] = {"accuracy": sum(r["accuracy"] * r["problems"] for r in hard) / n,
                     "accuracy_stderr": None if None in stderrs else  # levels are independent samples
                     math.sqrt(sum((r["problems"] / n * se) ** 2 for r, se in zip(hard, stderrs, strict=True))),
                     "code_use": sum((r["code_use"] or 0) * r["problems"] for r in hard) / n,
                     "problems": n,
-                    "self_correction": None if None in corrections else pooled_correction(corrections)}
+                    "self_correction": None if None in corrections else pooled_correction(corrections),
+                    "fault_recovery": None if None in faults else
+                    fault_rates({name: sum(f[name] for f in faults) for name in FAULT_COUNTS})}
     return rows
 
 
@@ -58,10 +104,14 @@ def drop_over_last(heldout: list[dict], window: int = 30) -> float | None:
         heldout[-1]["levels"]["all"]["accuracy"]
 
 
+RECOVERY_TARGET = "hard: self-correction on recoverable failures (injected faults) RL - SFT > 0"
+
+
 def recovery_gain(result: dict) -> tuple[float | None, float | None]:
-    """The tool arm's recovered rate on the hard levels after RL minus after SFT, and its standard error (the two
-    evaluations are independent samples); (None, None) when either stage has no failing response."""
-    stages = [(result["tool"][stage]["hard"].get("self_correction") or {}) for stage in ("after_sft", "after_rl")]
+    """The tool arm's recovered rate after an injected fault (`fault_recovery`) on the hard levels, after RL minus
+    after SFT, and its standard error (the two evaluations are independent samples); (None, None) when either stage
+    has no response with a fault (a run with `fault_rate` 0)."""
+    stages = [(result["tool"][stage]["hard"].get("fault_recovery") or {}) for stage in ("after_sft", "after_rl")]
     rates = [s.get("recovered_rate") for s in stages]
     if rates[0] is None or rates[1] is None:
         return None, None
@@ -91,7 +141,7 @@ def criteria(result: dict) -> list[tuple[str, float | None, bool | None]]:
         drop = drop_over_last(result.get("heldout", {}).get("tool", []))
         check("tool RL: held-out accuracy drop over the last 30 steps <= 0.05", drop, drop is not None and drop <= 0.05)
         gain, _ = recovery_gain(result)
-        check("hard: self-correction RL - SFT > 0", gain, gain is not None and gain > 0)
+        check(RECOVERY_TARGET, gain, gain is not None and gain > 0)
     if tool and text:
         gap = tool["after_rl"]["hard"]["accuracy"] - text["after_rl"]["hard"]["accuracy"]
         check("hard: tool RL - text RL >= +0.50", gap, gap >= 0.50)
@@ -138,16 +188,38 @@ def correction_table(results: list[dict], arm: str) -> list[str]:
     return lines
 
 
+def fault_table(results: list[dict], arm: str) -> list[str]:
+    """Markdown rows: per level, the recovered and retried rates after an injected fault (mean ± sd over seeds) at
+    each stage; n counts the responses with a fault, summed over seeds."""
+    lines = ["| level | " + " | ".join(f"{s} recovered (n) | {s} retried" for s in STAGES) + " |",
+             "|---|" + "---|---|" * len(STAGES)]
+    for level in results[0][arm]["after_rl"]:
+        cells = [level]
+        for stage in STAGES:
+            found = [r[arm][stage][level].get("fault_recovery") or {} for r in results]
+            n = sum(c.get("responses_with_fault") or 0 for c in found)
+            cells += [f"{spread([c.get('recovered_rate') for c in found])} (n={n})",
+                      spread([c.get("retried_rate") for c in found])]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def recovery_gain_line(results: list[dict]) -> str:
-    """The hard levels' recovered rate after RL minus after SFT (tool arm): per seed with its standard error, and
-    the mean over seeds with the standard error of that mean across seeds."""
+    """The hard levels' recovered rate after an injected fault, after RL minus after SFT (tool arm): per seed with
+    its standard error, and the mean over seeds with the standard error of that mean across seeds."""
     gains = [(r["seed"], *recovery_gain(r)) for r in results]
     per_seed = ", ".join(f"seed {seed} {_signed(gain)} ± {_fmt(se)}" for seed, gain, se in gains)
     values = [gain for _, gain, _ in gains if gain is not None]
     mean = statistics.mean(values) if values else None
     se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) >= 2 else None
-    return (f"Hard levels, recovered rate after RL - after SFT (tool arm): {per_seed}; mean over "
+    return (f"Hard levels, recovered rate after an injected fault, after RL - after SFT (tool arm): {per_seed}; mean over "
             f"{len(values)} seed(s) {_signed(mean)} ± {_fmt(se)}.")
+
+
+def _recovery_stderr(result: dict) -> str:
+    """The " ± SE" of a seed's recovery gain, for its cell in the targets table; "" when unknown."""
+    _, se = recovery_gain(result)
+    return "" if se is None else f" ± {se:.2f}"
 
 
 def _signed(value: float | None) -> str:
@@ -252,7 +324,8 @@ def write_report(args: Any, out: Path, results: list[dict], wall_s: float) -> No
               "|---|" + "---|" * len(results)]
     table = [criteria(r) for r in results]
     for i, (name, _, _) in enumerate(table[0]):
-        cells = [f"{_fmt(t[i][1])} {'met' if t[i][2] else 'not met' if t[i][2] is False else 'n/a'}" for t in table]
+        cells = [f"{_fmt(t[i][1])}{_recovery_stderr(r) if name == RECOVERY_TARGET else ''} "
+                 f"{'met' if t[i][2] else 'not met' if t[i][2] is False else 'n/a'}" for r, t in zip(results, table, strict=True)]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", "Over seeds (worst: the lowest value, or the highest for a `<=` target):", "",
               "| target | mean | sd | worst seed | seeds met |", "|---|---|---|---|---|"]
@@ -265,18 +338,27 @@ def write_report(args: Any, out: Path, results: list[dict], wall_s: float) -> No
         lines += ["", f"Standard error over problems of the tool arm's accuracy after RL: {noise}."]
     lines += ["", "Held-out accuracy drop: how far the final accuracy lies below the best checkpoint of the last 30 "
               "RL steps (n/a when the run is shorter).", "", *heldout_table(results), "", "## Self-correction", "",
-              "Of the responses with a failed tool call (an error, timeout, memory limit or signal, or code that ran "
-              "but whose last printed line is not the gold answer), the share that still ended correct "
-              "(recovered), and of failed calls followed by another, the share whose next call ran and printed the "
-              "gold answer (fixed); mean ± sd over seeds.", ""]
+              f"**On recoverable failures** (the target): calls refused before they ran by the injected faults "
+              f"(`--fault_rate {args.fault_rate}`, a retryable message), which no model can foresee and any can "
+              "recover from by calling again. Of the responses with one, the share that still ended correct "
+              "(recovered) and the share that called again (retried); mean ± sd over seeds.", ""]
+    if "tool" in args.arms.split(",") and any((r["tool"][s]["all"].get("fault_recovery") or {}).get(
+            "responses_with_fault") for r in results for s in STAGES):
+        lines += [*fault_table(results, "tool"), ""]
+    else:
+        lines += ["No call was refused in any evaluation of the tool arm.", ""]
+    if all("tool" in r for r in results):
+        lines += [recovery_gain_line(results), ""]
+    lines += ["**On every failed call** (the model's own: an error, timeout, memory limit or signal, or code that "
+              "ran but whose last printed line is not the gold answer; refusals not counted): the share of the "
+              "responses with one that still ended correct (recovered), and of failed calls followed by another, the "
+              "share whose next call ran and printed the gold answer (fixed); mean ± sd over seeds.", ""]
     for arm in args.arms.split(","):
         if any((r[arm][s]["all"].get("self_correction") or {}).get("responses_with_failure")
                for r in results for s in STAGES):
             lines += [f"Arm `{arm}`:", "", *correction_table(results, arm), ""]
         else:
             lines += [f"Arm `{arm}`: no failed tool call in any evaluation.", ""]
-    if all("tool" in r for r in results):
-        lines += [recovery_gain_line(results), ""]
     lines += ["## Self-correction in evaluation samples", ""]
     lines += self_correction_samples(out) or ["(none found)"]
     lines += ["", "## Settings", "", "```json", json.dumps(asdict(args), indent=2), "```", ""]
@@ -313,9 +395,13 @@ def plot(out: Path, results: list[dict], arms: list[str]) -> None:
         fig.savefig(out / f"{name}.png", dpi=110)
         plt.close(fig)
     if "tool" in arms:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        _stage_bars(ax, results, "tool", levels, lambda row: (row.get("self_correction") or {}).get("recovered_rate"))
-        ax.set_title("tool arm: recovered after a failed call, per level")
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+        _stage_bars(axes[0], results, "tool", levels,
+                    lambda row: (row.get("fault_recovery") or {}).get("recovered_rate"))
+        axes[0].set_title("tool arm: recovered after an injected fault, per level")
+        _stage_bars(axes[1], results, "tool", levels,
+                    lambda row: (row.get("self_correction") or {}).get("recovered_rate"))
+        axes[1].set_title("tool arm: recovered after a failed call of its own, per level")
         fig.tight_layout()
         fig.savefig(out / "self_correction.png", dpi=110)
         plt.close(fig)
