@@ -128,7 +128,7 @@ class ToolRunner:
         recorded = call.code if code is None else code
         if call.code is None:  # a call that could not be parsed: tell the model what was wrong
             return self._record(recorded, f"Error: {call.error or 'invalid tool call'}", ToolStatus.INVALID, 0.0, turn)
-        keyed = {} if fault_key is None else {"fault_key": fault_key}
+        keyed: dict[str, Any] = {} if fault_key is None else {"fault_key": fault_key}
         result = await self.sandbox.run(call.code, timeout=self.config.tool_timeout, session=session, **keyed)
         return self._record(recorded, self.observation(result), result.status, result.duration, turn)
 
