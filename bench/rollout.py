@@ -100,7 +100,7 @@ def compare_hf(episodes: int, concurrency: int) -> dict:
     import torch
 
     from retool_adapters.generators import HFGenerator
-    from retool_adapters.trl_testing import build_tool_calling_qwen
+    from retool_adapters.trl.testing import build_tool_calling_qwen
 
     torch.set_num_threads(1)
     problems = [Problem("What is 6 * 7?", "42", id=str(i)) for i in range(episodes)]
@@ -172,7 +172,7 @@ def compare_training(steps: int, groups_per_step: int, num_generations: int, ste
     """Samples per second of GRPO training with a simulated generator and trainer step: synchronous (generate a
     batch, then train on it, as GRPOTrainer with `rollout_func` does) against asynchronous (the ReTool worker keeps
     generating while the trainer trains), over the same number of steps and samples."""
-    from retool_adapters.trl_async import ReToolRolloutWorker
+    from retool_adapters.trl.async_worker import ReToolRolloutWorker
 
     tok = tiny_tokenizer()
     problems = [Problem(f"What is 6 * 7? (#{i})", "42", id=str(i)) for i in range(steps * groups_per_step)]

@@ -33,9 +33,9 @@ def main() -> None:
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    import retool_adapters.trl as trl_adapter
+    import retool_adapters.trl.rollout as trl_adapter
     from retool_adapters.trl import REWARD_FUNCS, REWARD_WEIGHTS, ReToolRollout, problems_to_dataset
-    from retool_adapters.trl_testing import build_tool_calling_qwen
+    from retool_adapters.trl.testing import build_tool_calling_qwen
     from retool_env.data import load_problems
 
     torch.set_num_threads(1)

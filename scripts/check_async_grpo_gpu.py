@@ -56,8 +56,8 @@ def main() -> int:
 
     from retool_adapters.generators import HFGenerator
     from retool_adapters.trl import problems_to_dataset
-    from retool_adapters.trl_async import ReToolRolloutWorker
-    from retool_adapters.trl_testing import build_tool_calling_qwen
+    from retool_adapters.trl.async_worker import ReToolRolloutWorker
+    from retool_adapters.trl.testing import build_tool_calling_qwen
     from retool_env.data import load_problems
 
     work = tempfile.mkdtemp(prefix="async-grpo-check-")

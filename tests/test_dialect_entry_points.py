@@ -152,7 +152,7 @@ def test_trl_rollout_func(dialect):
 @pytest.mark.parametrize("dialect", DIALECTS)
 def test_trl_async_rollout_worker(dialect):
     pytest.importorskip("trl.experimental.async_grpo", reason="TRL's async GRPO is not installed in this venv")
-    from retool_adapters.trl_async import ReToolRolloutWorker
+    from retool_adapters.trl.async_worker import ReToolRolloutWorker
 
     tok = dialect_tokenizer(dialect)
     worker = ReToolRolloutWorker([PROBLEM], tok, engine(dialect), num_generations=1, tool_timeout=10.0)

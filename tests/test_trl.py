@@ -29,7 +29,6 @@ from retool_adapters.trl import (
     REWARD_FUNCS,
     REWARD_WEIGHTS,
     ReToolRollout,
-    _colocated_engine,
     correctness,
     env_reward,
     episode_metrics,
@@ -37,8 +36,10 @@ from retool_adapters.trl import (
     problems_to_dataset,
     question_of,
     sampling_from_config,
+    trl_end_tokens,
 )
-from retool_adapters.trl_testing import build_tool_calling_qwen
+from retool_adapters.trl.rollout import _colocated_engine
+from retool_adapters.trl.testing import build_tool_calling_qwen
 from retool_env.data import Problem, load_problems
 from retool_env.formats import make_format
 from retool_env.rollout import Generation
@@ -294,7 +295,7 @@ def test_colocated_vllm_is_woken_for_the_rollout_and_put_back_to_sleep():
 def test_the_last_token_tells_trl_what_the_environment_decided(policy):
     """TRL reads a completion as truncated when its last token is neither eos nor pad; the closing token makes that
     the environment's verdict, in both directions, and carries no loss."""
-    from retool_adapters.trl import TRLEndTokens, trl_end_tokens
+    from retool_adapters.trl import TRLEndTokens
 
     _, tokenizer = policy
     ends = trl_end_tokens(trainer_like(None, tokenizer))

@@ -22,8 +22,8 @@ import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from retool_adapters.generators import HFGenerator
-from retool_adapters.trl_async import ReToolRolloutWorker, VersionedGenerator, group_advantages
-from retool_adapters.trl_testing import build_tool_calling_qwen
+from retool_adapters.trl.async_worker import ReToolRolloutWorker, VersionedGenerator, group_advantages
+from retool_adapters.trl.testing import build_tool_calling_qwen
 from retool_env import ToolEnvironment
 from retool_env.data import load_problems
 from retool_env.rollout import EpisodeAborted, SamplingParams, run_episode

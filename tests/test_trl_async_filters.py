@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from retool_adapters.trl_async import ReToolRolloutWorker, group_advantages
+from retool_adapters.trl.async_worker import ReToolRolloutWorker, group_advantages
 from retool_env.records import read_records, regrade
 
 from .test_trl import SIX_SEVENS, ScriptedGenerator, call

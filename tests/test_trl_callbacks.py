@@ -8,7 +8,7 @@ import torch
 from transformers import TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_callback import CallbackHandler
 
-from retool_adapters.trl_callbacks import SkipStepsWithoutSignal
+from retool_adapters.trl.callbacks import SkipStepsWithoutSignal
 
 
 def adam_after_a_signal() -> tuple[torch.nn.Linear, torch.optim.Adam]:

@@ -16,7 +16,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from retool_adapters.trl import CodeInterpreterEnvironment, grade_final_answers, problems_to_dataset
-from retool_adapters.trl_testing import build_tool_calling_qwen
+from retool_adapters.trl.testing import build_tool_calling_qwen
 from retool_env import Problem, ToolEnvironment
 from retool_env.data import load_problems
 from retool_env.formats import CODE_INTERPRETER_TOOL

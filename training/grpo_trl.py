@@ -59,7 +59,7 @@ class EnvArguments(EnvConfig.with_defaults(max_completion_tokens=None, taken_els
                 "re-scores it."})
     skip_steps_without_signal: bool = field(default=False, metadata={
         "help": "Skip the optimizer step when every group's rewards are equal (the gradient is zero, yet Adam's "
-                "momentum would move the weights): retool_adapters.trl_callbacks.SkipStepsWithoutSignal."})
+                "momentum would move the weights): retool_adapters.trl.callbacks.SkipStepsWithoutSignal."})
 
 
 def main(env_args: EnvArguments, training_args, model_args) -> None:
@@ -68,7 +68,7 @@ def main(env_args: EnvArguments, training_args, model_args) -> None:
 
     from retool_adapters.scripts import load_tokenizer
     from retool_adapters.trl import REWARD_FUNCS, REWARD_WEIGHTS, ReToolRollout, problems_to_dataset
-    from retool_adapters.trl_callbacks import SkipStepsWithoutSignal
+    from retool_adapters.trl.callbacks import SkipStepsWithoutSignal
     from retool_env.data import load_problems
 
     # 1. The policy. Without a model, build a tiny random Qwen2 (offline, seconds) so the script runs anywhere.
@@ -133,7 +133,7 @@ def main_async(env_args: EnvArguments, training_args, model_args) -> None:
 
     from retool_adapters.generators import OpenAICompletionsGenerator
     from retool_adapters.trl import problems_to_dataset, sampling_from_config
-    from retool_adapters.trl_async import ReToolRolloutWorker
+    from retool_adapters.trl.async_worker import ReToolRolloutWorker
     from retool_env.data import load_problems
 
     if not model_args.model_name_or_path:

@@ -25,7 +25,7 @@ import torch
 from transformers import AutoTokenizer
 
 from retool_adapters.trl import REWARD_WEIGHTS, ReToolRollout, correctness, env_reward, problems_to_dataset
-from retool_adapters.trl_testing import build_tool_calling_qwen
+from retool_adapters.trl.testing import build_tool_calling_qwen
 from retool_env.data import load_problems
 from retool_env.formats import make_format
 

@@ -135,7 +135,7 @@ class CodeInterpreterEnvironment:
             raise RuntimeError("CodeInterpreterEnvironment has not seen the rollout's final answer: put "
                                "grade_final_answers in GRPOTrainer's reward_funcs (weight 0); it hands the answer "
                                "over. AsyncGRPOTrainer shows its reward functions no environment: there, use "
-                               "retool_adapters.trl_async.ReToolRolloutWorker")
+                               "retool_adapters.trl.async_worker.ReToolRolloutWorker")
         return float(self.reward_fn(self.grade, self._episode_stats()))
 
     def _episode_stats(self) -> EpisodeStats:

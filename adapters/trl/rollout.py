@@ -31,9 +31,9 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
 from retool_adapters.chat_templates import training_env_kwargs
-from retool_adapters.trl_environment import CodeInterpreterEnvironment as CodeInterpreterEnvironment  # re-exported
-from retool_adapters.trl_environment import grade_final_answers as grade_final_answers
-from retool_adapters.trl_environment import run_sync
+from retool_adapters.trl.environment import CodeInterpreterEnvironment as CodeInterpreterEnvironment
+from retool_adapters.trl.environment import grade_final_answers as grade_final_answers
+from retool_adapters.trl.environment import run_sync
 from retool_env.data import Problem
 from retool_env.filters import TrainingPlan, TrajectoryFilters, has_void_turn, roc_penalty, roc_select  # noqa: F401
 from retool_env.filters import group_indices as filters_group_indices

@@ -3,7 +3,7 @@
 ```python
 from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 from retool_adapters.generators import OpenAICompletionsGenerator
-from retool_adapters.trl_async import ReToolRolloutWorker
+from retool_adapters.trl.async_worker import ReToolRolloutWorker
 
 worker = ReToolRolloutWorker(problems, tokenizer, OpenAICompletionsGenerator(args.vllm_server_base_url, model_name),
                              num_generations=args.num_generations, max_staleness=args.max_staleness,
@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from retool_adapters.trl import episode_metrics, index_problems
+from retool_adapters.trl.rollout import episode_metrics, index_problems
 from retool_env.config import EnvConfig
 from retool_env.data import Problem
 from retool_env.env import ToolEnvironment
