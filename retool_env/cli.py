@@ -154,9 +154,16 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _eval(eval_args: Sequence[str]) -> int:
-    """`retool_adapters.eval_cli`: the generation backends live with the adapters (the `train` extra for hf)."""
+    """`retool-env eval` is the adapters' command (the generation backends live there, the `train` extra for hf),
+    found through the `retool_env.commands` entry point they register, so that retool_env never imports them."""
+    from importlib.metadata import entry_points
+
+    found = entry_points(group="retool_env.commands", name="eval")
+    if not found:
+        sys.exit("retool-env eval: error: no `eval` command is installed (the retool_adapters package registers it): "
+                 "pip install -e '.[train]'")
     try:
-        from retool_adapters.eval_cli import main as eval_main
+        eval_main = next(iter(found)).load()
     except ModuleNotFoundError as exc:
         sys.exit(f"retool-env eval: error: needs the train extra (missing {exc.name}): pip install -e '.[train]'")
     eval_main(list(eval_args))

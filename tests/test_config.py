@@ -68,3 +68,19 @@ def test_argparse_flags_read_back_as_the_config():
     assert config == EnvConfig(tool_format="hermes", max_completion_tokens=128, stateful=True, max_model_len=300,
                                reward_kwargs={"tool_call_cost": 0.05})
     assert EnvConfig.from_settings(parser.parse_args([])) == EnvConfig(tool_format="hermes")
+
+
+LOWER_LAYER_FORBIDS = ("retool_adapters", "adapters", "training", "torch", "trl", "vllm")
+
+
+def test_retool_env_imports_no_higher_layer():
+    """The environment package is the bottom layer: no import (lazy ones included) of the adapters, the training
+    scripts, or torch, TRL and vLLM, which live above it."""
+    found = []
+    for path in sorted((ROOT / "retool_env").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            found += [f"{path.relative_to(ROOT)}:{node.lineno} {name}" for name in names
+                      if name.split(".")[0] in LOWER_LAYER_FORBIDS]
+    assert not found, found
