@@ -525,7 +525,7 @@ def _write_record(args: Any, env: ToolEnvironment, traj: Trajectory, problem: Pr
         traj, decode=env.tokenizer.decode, episode_stats=env.episode_stats(), reward_scheme=env.config.reward,
         reward_kwargs=env.config.reward_options, env_mask=[0] * len(traj.env_mask) if masked else None,
         filtered=["void_turn"] if masked else [], question=problem.question,
-        policy_version=int(version) if version is not None and version.isdigit() else None,
+        policy_version=int(version) if version is not None and version.isdigit() else version,
         seed=seed, group=sample.group_index, mode="eval" if evaluation else "train", trained_reward=traj.reward)])
 
 

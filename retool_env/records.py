@@ -15,7 +15,8 @@ assert report.reward_mismatches == 0   # the same grader reproduces the logged r
 One record (`SCHEMA_VERSION` 1; every field always present, None where unknown):
 
 - `schema`: 1. `mode`: "train" or "eval". `policy_version`: the trainer's global step when the episode was generated
-  (TRL's `rollout_func`), or the oldest policy version of its turns (the asynchronous worker). `seed`: the episode's
+  (TRL's `rollout_func`), or the oldest policy version of its turns (the asynchronous worker), or the engine's
+  weight version as it names it (slime's `weight_version`, a string where it is not a number). `seed`: the episode's
   sampling seed (None: unseeded). `group`: the episode's GRPO group: its index within the call (TRL) or worker
   (async), the prompt's `uid` (verl), the sample's `group_index` (slime).
 - `problem_id`, `question`, `gold`.
@@ -71,7 +72,7 @@ def reward_scheme_name(scheme: Any) -> str | None:
 
 def episode_record(traj: Trajectory, *, decode: Callable[[list[int]], str], episode_stats: EpisodeStats | None, reward_scheme: Any, reward_kwargs: dict | None,
                    env_mask: Sequence[int] | None = None, filtered: Sequence[str] = (), question: str | None = None,
-                   policy_version: int | None = None, seed: int | None = None, group: int | None = None,
+                   policy_version: int | str | None = None, seed: int | None = None, group: int | None = None,
                    mode: str = "train", trained_reward: float | None = None) -> dict[str, Any]:
     """One episode as a JSON-ready record (see the module docstring for the fields). `env_mask` is the mask as
     trained, when a filter changed the trajectory's own."""
