@@ -46,7 +46,7 @@ from retool_env.formats import ToolCall
 from retool_env.grading import agrade
 from retool_env.offline import qwen_tokenizer
 from retool_env.prompts import get_prompt
-from retool_env.rewards import EpisodeStats, get_reward_fn
+from retool_env.rewards import EpisodeStats, count_tool_rounds, get_reward_fn
 from retool_env.tokens import Tokenizer, load_tokenizer
 from retool_env.tool_runner import ToolRunner
 from retool_env.trajectory import ToolCallRecord
@@ -186,8 +186,8 @@ class ReToolHarness(vf.Harness[ReToolHarnessConfig]):
                     record = await self._execute(tools, records, session, turn, call.function.name,
                                                  call.function.arguments)
                     records.append(record)
-                    stats = EpisodeStats.of_calls(records, num_turns=turn + 1, num_tool_rounds=None, truncated=False,
-                                                  finish_reason="")
+                    stats = EpisodeStats.of_calls(records, num_turns=turn + 1, truncated=False, finish_reason="",
+                                                  num_tool_rounds=count_tool_rounds(records))
                     trace.info.update({TOOL_CALLS_KEY: stats.num_tool_calls, STATS_KEY: dataclasses.asdict(stats)})
                     messages.append({"role": "tool", "tool_call_id": call.id, "content": record.output})
         finally:
