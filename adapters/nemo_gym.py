@@ -73,7 +73,7 @@ ENV_FIELDS = frozenset(f.name for f in fields(EnvConfig))
 
 
 class ReToolResourcesServerConfig(BaseResourcesServerConfig):
-    env: dict[str, Any] = Field(default_factory=dict)  # EnvConfig's keyword arguments (sandbox, tool_timeout, max_tool_calls, reward, ...)
+    env: dict[str, Any] = Field(default_factory=dict)  # EnvConfig's keyword arguments: sandbox, max_tool_calls, ...
     tokenizer: str | None = None  # what measures max_observation_tokens; default: the offline Qwen tokenizer
 
     @model_validator(mode="before")

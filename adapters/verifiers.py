@@ -210,7 +210,8 @@ class ReToolHarness(vf.Harness[ReToolHarnessConfig]):
                        arguments: str | None) -> ToolCallRecord:
         """One call as `ToolRunner` runs and shows it: the interpreter's output, or an error the model can act on."""
         if name != "execute_python":
-            return await tools.run(ToolCall(None, f"unknown tool {name!r}; the only tool is execute_python."), turn=turn)
+            return await tools.run(ToolCall(None, f"unknown tool {name!r}; the only tool is execute_python."),
+                                   turn=turn)
         try:
             code = json.loads(arguments or "{}").get("code")
         except (json.JSONDecodeError, AttributeError):
