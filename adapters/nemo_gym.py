@@ -17,11 +17,15 @@ Serve it as NeMo-Gym serves its resources servers (an `app.py` in a server folde
         ReToolResourcesServer.run_webserver()
 
 Each dataset row carries `expected_answer` beside `responses_create_params` (with the `execute_python` tool in
-`tools`, `EXECUTE_PYTHON_TOOL` below).
+`tools`, `EXECUTE_PYTHON_TOOL` below). The environment's settings are `EnvConfig`'s, under the server config's `env`
+key (`env: {max_tool_calls: 8, reward: retool}`), and a call is budgeted, run and shown by `ToolRunner`, as in
+`ToolEnvironment`.
 """
 
 from __future__ import annotations
 
+import warnings
+from dataclasses import fields
 from typing import Any
 
 try:
@@ -36,15 +40,19 @@ try:
         SimpleResourcesServer,
     )
     from nemo_gym.server_utils import SESSION_ID_KEY
-    from pydantic import AliasChoices, BaseModel, Field, PrivateAttr
+    from pydantic import AliasChoices, BaseModel, Field, PrivateAttr, field_validator, model_validator
 except ModuleNotFoundError as exc:
     raise ModuleNotFoundError(f"retool_adapters.nemo_gym needs NeMo-Gym: pip install nemo-gym (missing {exc.name})",
                               name=exc.name) from exc
 
+from retool_env.config import EnvConfig
+from retool_env.formats import ToolCall
 from retool_env.grading import agrade
-from retool_env.rewards import EpisodeStats, get_reward_fn
-from retool_env.sandbox.base import ToolStatus
-from retool_env.tool_runner import EMPTY_OUTPUT, shared_sandbox
+from retool_env.offline import qwen_tokenizer
+from retool_env.rewards import EpisodeStats, RewardFn, get_reward_fn
+from retool_env.tokens import Tokenizer, load_tokenizer
+from retool_env.tool_runner import ToolRunner
+from retool_env.trajectory import ToolCallRecord
 
 __all__ = ["EXECUTE_PYTHON_TOOL", "ExecutePythonRequest", "ExecutePythonResponse", "ReToolResourcesServer",
            "ReToolResourcesServerConfig", "ReToolVerifyRequest", "ReToolVerifyResponse"]
@@ -58,12 +66,44 @@ EXECUTE_PYTHON_TOOL: dict[str, Any] = {
 }
 
 
+# The server's defaults where they differ from EnvConfig's: the tool promises a stateful interpreter, and NeMo-Gym's
+# agents wait longer on a call than the token-level environment does.
+ENV_DEFAULTS: dict[str, Any] = {"stateful": True, "tool_timeout": 10.0}
+ENV_FIELDS = frozenset(f.name for f in fields(EnvConfig))
+
+
 class ReToolResourcesServerConfig(BaseResourcesServerConfig):
-    sandbox: str = "local"  # "local", "ray" or a SandboxFusion URL, as ToolEnvironment's
-    tool_timeout: float = 10.0
-    max_tool_calls: int = 8
-    reward: str = "retool"
-    max_output_chars: int = 4000
+    env: dict[str, Any] = Field(default_factory=dict)  # EnvConfig's keyword arguments: sandbox, max_tool_calls, ...
+    tokenizer: str | None = None  # what measures max_observation_tokens; default: the offline Qwen tokenizer
+
+    @model_validator(mode="before")
+    @classmethod
+    def _move_environment_keys(cls, data: Any) -> Any:
+        """Old configs set EnvConfig fields beside `env`: moved into it, with a deprecation warning."""
+        if not isinstance(data, dict):
+            return data
+        moved = {key: data[key] for key in data if key in ENV_FIELDS}
+        dropped = "max_output_chars" in data
+        if not moved and not dropped:
+            return data
+        warnings.warn(f"ReToolResourcesServerConfig: put {sorted(moved)} under `env:` (EnvConfig's fields)"
+                      + ("; max_output_chars is gone: env.max_observation_tokens clips by tokens" if dropped else ""),
+                      DeprecationWarning, stacklevel=2)
+        rest = {key: value for key, value in data.items() if key not in moved and key != "max_output_chars"}
+        return {**rest, "env": {**moved, **dict(rest.get("env") or {})}}
+
+    @field_validator("env")
+    @classmethod
+    def _env_is_an_env_config(cls, env: dict[str, Any]) -> dict[str, Any]:
+        try:
+            EnvConfig(**{**ENV_DEFAULTS, **env})
+        except TypeError as exc:
+            raise ValueError(f"env takes EnvConfig's fields: {exc}") from exc
+        return env
+
+    @property
+    def env_config(self) -> EnvConfig:
+        return EnvConfig(**{**ENV_DEFAULTS, **self.env})
 
 
 class ExecutePythonRequest(BaseModel):
@@ -94,7 +134,9 @@ class ReToolResourcesServer(SimpleResourcesServer):
     """`/execute_python` runs code in the project's sandbox; `/verify` grades the final answer."""
 
     config: ReToolResourcesServerConfig
-    _calls: dict[str, int] = PrivateAttr(default_factory=dict)
+    _records: dict[str, list[ToolCallRecord]] = PrivateAttr(default_factory=dict)
+    _runner: ToolRunner | None = PrivateAttr(default=None)
+    _reward_fn: RewardFn | None = PrivateAttr(default=None)
 
     def setup_webserver(self) -> FastAPI:
         app = super().setup_webserver()
@@ -102,26 +144,36 @@ class ReToolResourcesServer(SimpleResourcesServer):
         return app
 
     @property
-    def sandbox(self) -> Any:
-        return shared_sandbox(self.config.sandbox)
+    def tools(self) -> ToolRunner:
+        """The episode rules of a call (budget, sandbox, observation text), as `ToolEnvironment`'s."""
+        if self._runner is None:
+            tokenizer: Tokenizer = qwen_tokenizer() if self.config.tokenizer is None \
+                else load_tokenizer(self.config.tokenizer)
+            self._runner = ToolRunner(self.config.env_config, tokenizer)
+        return self._runner
+
+    @property
+    def reward_fn(self) -> RewardFn:
+        if self._reward_fn is None:
+            config = self.config.env_config
+            self._reward_fn = get_reward_fn(config.reward, **config.reward_options)
+        return self._reward_fn
 
     async def seed_session(self, request: Request, body: BaseSeedSessionRequest) -> BaseSeedSessionResponse:
-        self._calls[request.session[SESSION_ID_KEY]] = 0
+        self._records[request.session[SESSION_ID_KEY]] = []
         return BaseSeedSessionResponse()
 
     async def execute_python(self, request: Request, body: ExecutePythonRequest) -> ExecutePythonResponse:
         session = request.session[SESSION_ID_KEY]
-        calls = self._calls.get(session, 0)
-        if calls >= self.config.max_tool_calls:
-            return ExecutePythonResponse(output=f"Error: the limit of {self.config.max_tool_calls} tool calls is "
-                                                "reached; give the final answer.", status=ToolStatus.INVALID.value)
-        result = await self.sandbox.run(body.code, timeout=self.config.tool_timeout, session=session)
-        self._calls[session] = calls + 1
-        output = result.output or EMPTY_OUTPUT
-        if len(output) > self.config.max_output_chars:
-            half = self.config.max_output_chars // 2
-            output = f"{output[:half]}\n... [{len(output) - 2 * half} characters omitted] ...\n{output[-half:]}"
-        return ExecutePythonResponse(output=output, status=str(result.status))
+        records = self._records.setdefault(session, [])
+        turn = len(records)  # each call is a turn of its own: the agent posts them one by one
+        if self.tools.calls_left(records) <= 0:
+            record = self.tools.refused(body.code, turn=turn)
+        else:
+            record = await self.tools.run(ToolCall(body.code), turn=turn,
+                                          session=session if self.tools.config.stateful else None)
+        records.append(record)
+        return ExecutePythonResponse(output=record.output, status=str(record.status))
 
     async def verify(self, request: Request, body: ReToolVerifyRequest) -> ReToolVerifyResponse:
         session = request.session[SESSION_ID_KEY]
@@ -129,8 +181,9 @@ class ReToolResourcesServer(SimpleResourcesServer):
                          if item.type == "message" and item.role == "assistant"
                          for content in item.content if content.type == "output_text")
         grade = await agrade(text, body.expected_answer)
-        calls = self._calls.pop(session, 0)
-        reward = get_reward_fn(self.config.reward)(grade, EpisodeStats(num_tool_calls=calls))
-        await self.sandbox.close_session(session)
+        records = self._records.pop(session, [])
+        stats = EpisodeStats.of_calls(records, num_turns=0, num_tool_rounds=None, truncated=False, finish_reason="")
+        reward = self.reward_fn(grade, stats)
+        await self.tools.sandbox.close_session(session)
         return ReToolVerifyResponse(**body.model_dump(), reward=float(reward), correct=grade.correct, pred=grade.pred,
-                                    num_tool_calls=calls)
+                                    num_tool_calls=stats.num_tool_calls)

@@ -11,6 +11,9 @@ across rollouts) and the harness counts the calls it really ran, which the ReToo
 (`min(-0.6, -1 + 0.1 * k)` when wrong). Only the model's last reply is graded, never tool
 output: code that prints `\\boxed{...}` earns nothing.
 
+The environment's settings are `EnvConfig`'s, set once under the taskset's `env` (`--env.taskset.env.max-tool-calls
+8`); each task carries them to the harness, whose calls `ToolRunner` budgets, runs and shows as in `ToolEnvironment`.
+
 verifiers imports a taskset id as a top-level module, so the plugin is `retool_verifiers`, which re-exports this
 module (one `Taskset` and one `Harness`: the harness is the taskset's default). The harness runs nothing in
 verifiers' runtime, so pick the local one::
@@ -21,24 +24,32 @@ verifiers' runtime, so pick the local one::
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
 try:
     import verifiers.v1 as vf
     from openai import AsyncOpenAI
+    from pydantic import Field, field_validator, model_validator
     from verifiers.v1.runtimes import ProgramResult
     from verifiers.v1.types import content_text
 except ModuleNotFoundError as exc:
     raise ModuleNotFoundError(f"retool_adapters.verifiers needs verifiers: pip install verifiers (missing {exc.name})",
                               name=exc.name) from exc
 
+from retool_env.config import EnvConfig
 from retool_env.data import load_dataset_problems
+from retool_env.formats import ToolCall
 from retool_env.grading import agrade
+from retool_env.offline import qwen_tokenizer
 from retool_env.prompts import get_prompt
-from retool_env.rewards import EpisodeStats, get_reward_fn
-from retool_env.tool_runner import EMPTY_OUTPUT, shared_sandbox
+from retool_env.rewards import EpisodeStats, count_tool_rounds, get_reward_fn
+from retool_env.tokens import Tokenizer, load_tokenizer
+from retool_env.tool_runner import ToolRunner
+from retool_env.trajectory import ToolCallRecord
 
 __all__ = ["EXECUTE_PYTHON_TOOL", "ReToolData", "ReToolHarness", "ReToolHarnessConfig", "ReToolTask",
            "ReToolTaskset", "ReToolTasksetConfig"]
@@ -54,18 +65,48 @@ EXECUTE_PYTHON_TOOL: dict[str, Any] = {
     },
 }
 TOOL_CALLS_KEY = "retool_num_tool_calls"  # trace.info: the calls the sandbox ran, written by the harness only
+STATS_KEY = "retool_episode_stats"  # trace.info: the episode's EpisodeStats, written by the harness only
+# The adapter's defaults where they differ from EnvConfig's: native tool calling asks for \boxed{} (prompt "plain"),
+# the tool promises a stateful interpreter, and a chat round trip waits longer on a call.
+ENV_DEFAULTS: dict[str, Any] = {"prompt": "plain", "stateful": True, "tool_timeout": 10.0}
+ENV_FIELDS = frozenset(f.name for f in dataclasses.fields(EnvConfig))
+
+
+def env_config(env: dict[str, Any]) -> EnvConfig:
+    """The EnvConfig of a taskset's `env` (EnvConfig's keyword arguments over the adapter's defaults)."""
+    return EnvConfig(**{**ENV_DEFAULTS, **env})
 
 
 class ReToolTasksetConfig(vf.TasksetConfig):
     dataset: str = "arith"  # a name or file `retool_env.data.load_problems` reads
     split: str | None = None
-    prompt: str = "plain"  # a retool_env.prompts name; "plain" asks for \boxed{} with native tool calling
-    reward: str = "retool"  # a retool_env.rewards scheme
+    env: dict[str, Any] = Field(default_factory=dict)  # EnvConfig's keyword arguments: prompt, reward, sandbox, ...
+
+    @model_validator(mode="before")
+    @classmethod
+    def _move_environment_keys(cls, data: Any) -> Any:
+        """Old configs set `prompt` and `reward` beside `env`: moved into it, with a deprecation warning."""
+        if not isinstance(data, dict) or not ENV_FIELDS & set(data):
+            return data
+        moved = {key: data[key] for key in data if key in ENV_FIELDS}
+        warnings.warn(f"ReToolTasksetConfig: set {sorted(moved)} under env (--env.taskset.env.<field>)",
+                      DeprecationWarning, stacklevel=2)
+        rest = {key: value for key, value in data.items() if key not in moved}
+        return {**rest, "env": {**moved, **dict(rest.get("env") or {})}}
+
+    @field_validator("env")
+    @classmethod
+    def _env_is_an_env_config(cls, env: dict[str, Any]) -> dict[str, Any]:
+        try:
+            env_config(env)
+        except TypeError as exc:
+            raise ValueError(f"env takes EnvConfig's fields: {exc}") from exc
+        return env
 
 
 class ReToolData(vf.TaskData):
     answer: str
-    reward_scheme: str = "retool"
+    env: dict[str, Any] = Field(default_factory=dict)  # the taskset's env, for the harness and the reward
 
 
 class ReToolTask(vf.Task[ReToolData, vf.State, vf.TaskConfig]):
@@ -75,27 +116,35 @@ class ReToolTask(vf.Task[ReToolData, vf.State, vf.TaskConfig]):
         replies = trace.assistant_messages
         text = content_text(replies[-1].content) if replies and replies[-1].content else ""
         grade = await agrade(text, self.data.answer)
-        calls = int(trace.info.get(TOOL_CALLS_KEY, 0))
+        stats = EpisodeStats(**trace.info.get(STATS_KEY, {}))
         trace.info.update(correct=grade.correct, pred=grade.pred)
-        return float(get_reward_fn(self.data.reward_scheme)(grade, EpisodeStats(num_tool_calls=calls)))
+        config = env_config(self.data.env)
+        return float(get_reward_fn(config.reward, **config.reward_options)(grade, stats))
 
 
 class ReToolTaskset(vf.Taskset[ReToolTask, ReToolTasksetConfig]):
     def load(self) -> Iterator[ReToolTask]:
-        template = get_prompt(self.config.prompt)
+        template = get_prompt(env_config(self.config.env).prompt or "plain")
         for i, problem in enumerate(load_dataset_problems(self.config.dataset, split=self.config.split)):
             yield ReToolTask(ReToolData(id=problem.id or str(i), prompt=template.user.replace("{problem}",
                                                                                               problem.question),
                                         system_prompt=template.system, answer=problem.answer,
-                                        reward_scheme=self.config.reward), self.config.task)
+                                        env=self.config.env), self.config.task)
 
 
 class ReToolHarnessConfig(vf.HarnessConfig):
-    sandbox: str = "local"  # "local", "ray" or a SandboxFusion URL, as ToolEnvironment's
-    tool_timeout: float = 10.0
-    max_tool_calls: int = 8
     max_turns: int = 16
-    max_output_chars: int = 4000
+    tokenizer: str | None = None  # what measures max_observation_tokens; default: the offline Qwen tokenizer
+
+    @model_validator(mode="before")
+    @classmethod
+    def _environment_keys_moved(cls, data: Any) -> Any:
+        """The environment's settings moved to the taskset's env: say where, rather than "extra field"."""
+        moved = sorted(ENV_FIELDS & set(data)) if isinstance(data, dict) else []
+        if moved:
+            flags = ", ".join(f"--env.taskset.env.{name.replace('_', '-')}" for name in moved)
+            raise ValueError(f"{moved} moved to the taskset's env (EnvConfig's fields): set {flags}")
+        return data
 
 
 class ReToolHarness(vf.Harness[ReToolHarnessConfig]):
@@ -107,6 +156,11 @@ class ReToolHarness(vf.Harness[ReToolHarnessConfig]):
     EXECUTES_CODE = False  # code runs in the project's sandbox, never in verifiers' runtime
     NEEDS_CONTAINER = False
 
+    def __init__(self, config: ReToolHarnessConfig) -> None:
+        super().__init__(config)
+        self._runners: dict[str, ToolRunner] = {}
+        self._tokenizer: Tokenizer | None = None
+
     async def launch(self, ctx: vf.ModelContext, trace: vf.Trace, runtime: Any, endpoint: str, secret: str,
                      mcp_urls: dict[str, str], data: vf.TaskData) -> ProgramResult:
         system, prompt = self.resolve_prompt(data)
@@ -115,10 +169,12 @@ class ReToolHarness(vf.Harness[ReToolHarnessConfig]):
             messages.append({"role": "user", "content": prompt})
         else:
             messages += [m.model_dump(exclude_none=True) for m in prompt or []]
-        sandbox, session = shared_sandbox(self.config.sandbox), f"verifiers-{trace.id}"
+        tools = self._tool_runner(getattr(data, "env", {}))
+        session = f"verifiers-{trace.id}"
+        records: list[ToolCallRecord] = []
         client = AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=0)
         try:
-            for _ in range(self.config.max_turns):
+            for turn in range(self.config.max_turns):
                 # past a verifiers cap (max_turns, tokens) the call fails; verifiers ends the rollout as stopped
                 completion = await client.chat.completions.create(model=ctx.model, messages=messages,
                                                                   tools=[EXECUTE_PYTHON_TOOL])
@@ -127,31 +183,42 @@ class ReToolHarness(vf.Harness[ReToolHarnessConfig]):
                 if not message.tool_calls:
                     break
                 for call in message.tool_calls:
-                    output = await self._execute(sandbox, session, trace, call.function.name,
+                    record = await self._execute(tools, records, session, turn, call.function.name,
                                                  call.function.arguments)
-                    messages.append({"role": "tool", "tool_call_id": call.id, "content": output})
+                    records.append(record)
+                    stats = EpisodeStats.of_calls(records, num_turns=turn + 1, truncated=False, finish_reason="",
+                                                  num_tool_rounds=count_tool_rounds(records))
+                    trace.info.update({TOOL_CALLS_KEY: stats.num_tool_calls, STATS_KEY: dataclasses.asdict(stats)})
+                    messages.append({"role": "tool", "tool_call_id": call.id, "content": record.output})
         finally:
             await client.close()
-            await sandbox.close_session(session)
+            await tools.sandbox.close_session(session)
         return ProgramResult(exit_code=0, stdout="", stderr="")
 
-    async def _execute(self, sandbox: Any, session: str, trace: vf.Trace, name: str, arguments: str | None) -> str:
-        """The tool message for one call: the interpreter's output, or an error the model can act on."""
+    def _tool_runner(self, env: dict[str, Any]) -> ToolRunner:
+        """The episode rules of the task's env (one runner per distinct env, sharing one tokenizer)."""
+        key = json.dumps(env, sort_keys=True, default=str)
+        if key not in self._runners:
+            if self._tokenizer is None:
+                self._tokenizer = qwen_tokenizer() if self.config.tokenizer is None \
+                    else load_tokenizer(self.config.tokenizer)
+            self._runners[key] = ToolRunner(env_config(env), self._tokenizer)
+        return self._runners[key]
+
+    @staticmethod
+    async def _execute(tools: ToolRunner, records: list[ToolCallRecord], session: str, turn: int, name: str,
+                       arguments: str | None) -> ToolCallRecord:
+        """One call as `ToolRunner` runs and shows it: the interpreter's output, or an error the model can act on."""
         if name != "execute_python":
-            return f"Error: unknown tool {name!r}; the only tool is execute_python."
+            return await tools.run(ToolCall(None, f"unknown tool {name!r}; the only tool is execute_python."),
+                                   turn=turn)
         try:
             code = json.loads(arguments or "{}").get("code")
         except (json.JSONDecodeError, AttributeError):
             code = None
         if not isinstance(code, str):
-            return 'Error: the arguments must be a JSON object {"code": "<python code>"}.'
-        calls = int(trace.info.get(TOOL_CALLS_KEY, 0))
-        if calls >= self.config.max_tool_calls:
-            return f"Error: the limit of {self.config.max_tool_calls} tool calls is reached; give the final answer."
-        result = await sandbox.run(code, timeout=self.config.tool_timeout, session=session)
-        trace.info[TOOL_CALLS_KEY] = calls + 1
-        output = result.output or EMPTY_OUTPUT
-        if len(output) > self.config.max_output_chars:
-            half = self.config.max_output_chars // 2
-            output = f"{output[:half]}\n... [{len(output) - 2 * half} characters omitted] ...\n{output[-half:]}"
-        return output
+            return await tools.run(ToolCall(None, 'the arguments must be a JSON object {"code": "<python code>"}.'),
+                                   turn=turn)
+        if tools.calls_left(records) <= 0:
+            return tools.refused(code, turn=turn)
+        return await tools.run(ToolCall(code), session=session if tools.config.stateful else None, turn=turn)

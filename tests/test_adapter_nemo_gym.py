@@ -96,7 +96,8 @@ def stack():
     from responses_api_agents.simple_agent.app import SimpleAgent, SimpleAgentConfig
 
     config = ReToolResourcesServerConfig(host="127.0.0.1", port=0, entrypoint="app.py", name="retool",
-                                         tool_timeout=10.0, max_tool_calls=3)
+                                         env={"max_tool_calls": 3, "max_observation_tokens": 64,
+                                              "error_format": "last_line"})
     head = BaseServerConfig(host="127.0.0.1", port=free_port())  # never started: nothing here asks the head server
     resources = ReToolResourcesServer(config=config, server_client=ServerClient(
         head_server_config=head, global_config_dict=OmegaConf.create({})))
@@ -207,8 +208,39 @@ def test_sessions_keep_state_within_a_rollout_only(server_url):
 
 def test_the_call_budget_is_counted_by_the_server(server_url):
     verified, outputs = rollout(server_url, [{"code": "print(1)"}] * 4 + ["\\boxed{1}"])
-    assert [o["status"] for o in outputs] == ["ok", "ok", "ok", "invalid"] and "limit" in outputs[3]["output"]
+    assert [o["status"] for o in outputs] == ["ok", "ok", "ok", "skipped"]
+    assert outputs[3]["output"] == "Error: the budget of 3 tool calls is spent; give the final answer now."
     assert verified.num_tool_calls == 3 and verified.reward == pytest.approx(-0.7)
+
+
+def test_outputs_are_shown_as_tool_environment_shows_them(server_url):
+    """ToolRunner's observation: clipped to max_observation_tokens (head and tail kept), a failed call's output cut
+    as error_format says (last_line: the exception), an empty one as "(no output)"."""
+    _, outputs = rollout(server_url, [{"code": "print(' '.join(str(i) for i in range(3000)))"},
+                                      {"code": "def f():\n    raise ValueError('bad')\nf()"}, {"code": "x = 1"},
+                                      "\\boxed{1}"])
+    head, _, tail = outputs[0]["output"].partition("tokens omitted")
+    assert head.startswith("0 1 2 3") and tail.rstrip().endswith("2998 2999") and len(outputs[0]["output"]) < 400
+    assert outputs[1] == {"output": "ValueError: bad", "status": "error"}
+    assert outputs[2] == {"output": "(no output)", "status": "ok"}
+
+
+def test_the_config_holds_env_config_fields_only():
+    base = {"host": "127.0.0.1", "port": 0, "entrypoint": "app.py", "name": "retool"}
+    config = ReToolResourcesServerConfig(**base, env={"max_tool_calls": 2, "reward": "binary"})
+    assert (config.env_config.max_tool_calls, config.env_config.reward) == (2, "binary")
+    assert config.env_config.stateful and config.env_config.tool_timeout == 10.0  # the server's defaults
+    with pytest.raises(ValueError, match="max_tool_call"):
+        ReToolResourcesServerConfig(**base, env={"max_tool_call": 2})
+
+
+def test_old_yaml_keys_move_into_env_with_a_warning():
+    base = {"host": "127.0.0.1", "port": 0, "entrypoint": "app.py", "name": "retool"}
+    with pytest.warns(DeprecationWarning, match="under `env:`"):
+        config = ReToolResourcesServerConfig(**base, sandbox="local", max_tool_calls=5, max_output_chars=100,
+                                             env={"reward": "binary"})
+    assert config.env == {"sandbox": "local", "max_tool_calls": 5, "reward": "binary"}
+    assert not hasattr(config, "max_tool_calls") and not hasattr(config, "max_output_chars")
 
 
 def test_aggregate_metrics_over_a_group(server_url):

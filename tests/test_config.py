@@ -28,13 +28,7 @@ def declared_settings(path: Path) -> set[str]:
     return names
 
 
-# Not yet: their frameworks' pydantic configs (NeMo Gym's resources server, verifiers' taskset and harness) declare
-# sandbox, tool_timeout, max_tool_calls, reward (and prompt) as YAML keys, and their tool calls do not go through
-# `ToolRunner` yet. Strict: the test fails once a file is fixed, so the mark goes with the debt.
-NOT_YET = {"nemo_gym.py", "verifiers.py"}
-SCRIPTS = [pytest.param(path, marks=pytest.mark.xfail(strict=True, reason="framework config re-declares fields"))
-           if path.name in NOT_YET else path
-           for path in sorted([*ROOT.glob("training/*.py"), *ROOT.glob("adapters/**/*.py")])]
+SCRIPTS = sorted([*ROOT.glob("training/*.py"), *ROOT.glob("adapters/**/*.py")])
 
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: str(p.relative_to(ROOT)))
