@@ -254,8 +254,17 @@ def test_a_node_crashed_mid_run_costs_retries_not_results_and_capacity_comes_bac
 
 
 def test_close_after_a_crash_is_bounded(cluster, pool):
+    # Until Ray's health checks declare the crashed node dead, an actor may still be scheduled there and never run.
+    deadline = time.monotonic() + 120
+    while any(n["Alive"] and n["NodeID"] not in alive_node_ids(cluster) for n in ray.nodes()):
+        assert time.monotonic() < deadline, "Ray never declared the crashed node dead"
+        time.sleep(0.5)
     begin = time.monotonic()
     private = RaySandbox(resource="CPU", resource_per_actor=0.1, actors=1, name=None, close_timeout=5)
     assert private.run_sync("print(3)").stdout == "3\n"
     private.close()
     assert time.monotonic() - begin < 60 and not private._maintenance.is_alive()
+
+
+def alive_node_ids(cluster) -> set[str]:
+    return {node.node_id for node in [cluster.head_node, *cluster.worker_nodes]}
