@@ -25,6 +25,7 @@ key (`env: {max_tool_calls: 8, reward: retool}`), and a call is budgeted, run an
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import fields
 from typing import Any
 
@@ -99,6 +100,8 @@ class ReToolResourcesServerConfig(BaseResourcesServerConfig):
             EnvConfig(**{**ENV_DEFAULTS, **env})
         except TypeError as exc:
             raise ValueError(f"env takes EnvConfig's fields: {exc}") from exc
+        if env.get("on_timeout", "feedback") != "feedback":
+            raise ValueError("NeMo-Gym's agent runs the tool loop and cannot end an episode at a tool timeout; keep on_timeout='feedback'")
         return env
 
     @property
@@ -128,6 +131,18 @@ class ReToolVerifyResponse(BaseVerifyResponse):
     correct: bool
     pred: str | None = None
     num_tool_calls: int = 0
+    num_turns: int = 0  # the model's turns: what it generated between the tool results
+
+
+def model_turns(output: Sequence[Any]) -> int:
+    """The model's turns in a response's output items: each run of items between tool results (function call
+    outputs) is one generation of the model, with its reasoning, text and calls."""
+    turns, in_turn = 0, False
+    for item in output:
+        model_item = item.type != "function_call_output"
+        turns += model_item and not in_turn
+        in_turn = model_item
+    return turns
 
 
 class ReToolResourcesServer(SimpleResourcesServer):
@@ -182,8 +197,9 @@ class ReToolResourcesServer(SimpleResourcesServer):
                          for content in item.content if content.type == "output_text")
         grade = await agrade(text, body.expected_answer)
         records = self._records.pop(session, [])
-        stats = EpisodeStats.of_calls(records, num_turns=0, num_tool_rounds=None, truncated=False, finish_reason="")
+        stats = EpisodeStats.of_calls(records, num_turns=model_turns(body.response.output), num_tool_rounds=None,
+                                      truncated=False, finish_reason="")
         reward = self.reward_fn(grade, stats)
         await self.tools.sandbox.close_session(session)
         return ReToolVerifyResponse(**body.model_dump(), reward=float(reward), correct=grade.correct, pred=grade.pred,
-                                    num_tool_calls=stats.num_tool_calls)
+                                    num_tool_calls=stats.num_tool_calls, num_turns=stats.num_turns)

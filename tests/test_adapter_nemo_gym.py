@@ -180,7 +180,7 @@ def rollout(url: str, turns: list[str | dict], expected: str = ANSWER, key: str 
 def test_right_episode_reward_one(server_url):
     verified, outputs = rollout(server_url, [{"code": "print(123 * 456)"}, "So it is \\boxed{56088}."])
     assert outputs == [{"output": "56088\n", "status": "ok"}]  # the tool output the agent feeds back
-    assert verified.reward == 1.0 and verified.correct and verified.num_tool_calls == 1
+    assert verified.reward == 1.0 and verified.correct and verified.num_tool_calls == 1 and verified.num_turns == 2
 
 
 def test_wrong_episode_gets_the_shaped_penalty(server_url):
@@ -210,7 +210,7 @@ def test_the_call_budget_is_counted_by_the_server(server_url):
     verified, outputs = rollout(server_url, [{"code": "print(1)"}] * 4 + ["\\boxed{1}"])
     assert [o["status"] for o in outputs] == ["ok", "ok", "ok", "skipped"]
     assert outputs[3]["output"] == "Error: the budget of 3 tool calls is spent; give the final answer now."
-    assert verified.num_tool_calls == 3 and verified.reward == pytest.approx(-0.7)
+    assert verified.num_tool_calls == 3 and verified.reward == pytest.approx(-0.7) and verified.num_turns == 5
 
 
 def test_outputs_are_shown_as_tool_environment_shows_them(server_url):
@@ -232,6 +232,8 @@ def test_the_config_holds_env_config_fields_only():
     assert config.env_config.stateful and config.env_config.tool_timeout == 10.0  # the server's defaults
     with pytest.raises(ValueError, match="max_tool_call"):
         ReToolResourcesServerConfig(**base, env={"max_tool_call": 2})
+    with pytest.raises(ValueError, match="cannot end an episode at a tool timeout"):  # refused, never ignored
+        ReToolResourcesServerConfig(**base, env={"on_timeout": "abort"})
 
 
 def test_old_yaml_keys_move_into_env_with_a_warning():

@@ -119,6 +119,8 @@ def test_the_environment_settings_are_env_config_fields(problems):
     assert next(iter(ReToolTaskset(config))).data.env == {"reward": "binary"}  # carried to the harness and the reward
     with pytest.raises(ValidationError, match="max_tool_call"):
         ReToolTasksetConfig(id="retool_verifiers", env={"max_tool_call": 2})
+    with pytest.raises(ValidationError, match="cannot end an episode at a tool timeout"):  # refused, never ignored
+        ReToolTasksetConfig(id="retool_verifiers", env={"on_timeout": "abort"})
     with pytest.warns(DeprecationWarning, match="under env"):  # the old keys still work
         old = ReToolTasksetConfig(id="retool_verifiers", prompt="retool", reward="binary", env={"max_tool_calls": 2})
     assert old.env == {"prompt": "retool", "reward": "binary", "max_tool_calls": 2}
