@@ -91,8 +91,10 @@ class Arguments(MINIATURE_ENV):  # type: ignore[misc,valid-type]  # a dataclass 
                                                                          "as `--fault_rate` (EnvConfig's, in GRPO "
                                                                          "and evaluation) refuses calls. At 0.3 "
                                                                          "(114 retries in 2,000 solutions) SFT "
-                                                                         "did not teach copying the code again "
-                                                                         "(BENCHMARKS.md)."})
+                                                                         "taught retrying too rarely; at 0.7 "
+                                                                         "seed 0's SFT did not learn to copy long "
+                                                                         "outputs into the answer; 0.5 learnt "
+                                                                         "both, RL not yet run (BENCHMARKS.md)."})
     coldstart_retry_share: float = field(default=0.75, metadata={"help": "Cold start: share of the refused calls "
                                                                           "followed by the same call again; the "
                                                                           "rest answer at once (a guess), so RL has "
