@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -27,9 +28,9 @@ def test_miniature_smoke_writes_run_folder(tmp_path):
     out = tmp_path / "run"
     (out / "seed0" / "tool" / "grpo" / "checkpoint-0").mkdir(parents=True)  # left by an earlier run: not evaluated
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    # Injected faults on (off by default) so that the recovery path runs, and every RL episode recorded.
-    subprocess.run([sys.executable, "training/miniature.py", "--smoke", "--fault_rate", "0.2", "--coldstart_fault_share",
-                    "0.3", "--records", "--out", str(out)], cwd=ROOT, env=env, check=True, timeout=1100)
+    # The defaults inject faults (--fault_rate 0.2), so the recovery path runs; every RL episode recorded.
+    subprocess.run([sys.executable, "training/miniature.py", "--smoke", "--records", "--out", str(out)], cwd=ROOT,
+                   env=env, check=True, timeout=1100)
 
     for name in ("metrics.jsonl", "report.md", "summary.json", "accuracy.png", "code_use.png", "rl_curves.png",
                  "heldout.png", "self_correction.png"):
@@ -58,15 +59,20 @@ def test_miniature_smoke_writes_run_folder(tmp_path):
 
     # The cold start of the tool arm holds every kind of solution; the text arm's only tool-free ones.
     kinds = {r["arm"]: r["kinds"] for r in records if r["event"] == "coldstart"}
-    assert set(kinds["tool"]) == {"text", "code", "self_correct", "retry", "give_up"} and set(kinds["text"]) == {"text"}
+    assert set(kinds["tool"]) == {"text", "code", "self_correct", "retry", "retry_again", "give_up"}
+    assert set(kinds["text"]) == {"text"}
     rows = [json.loads(line) for line in (out / "seed0" / "tool" / "coldstart.jsonl").read_text().splitlines()]
     fixed = [r["messages"][1]["content"] for r in rows if "Fix the typo." in r["messages"][1]["content"]]
     assert fixed and all("Error" in text for text in fixed)  # the interpreter's real error precedes every fix
     retried = [r["messages"][1]["content"] for r in rows if "Retry." in r["messages"][1]["content"]]
-    assert retried and all(text.count("<code>") == 2 and text.index(FAULT_MESSAGE) < text.index("Retry.")
-                           for text in retried)  # the refusal, then the same call again
+    assert retried and all(text.index(FAULT_MESSAGE) < text.index("Retry.") for text in retried)  # refused, then
+    for text in retried:  # the same call again, once or (refused again) twice: a copy of the block above
+        blocks = re.findall(r"<code>(.*?)</code>", text, re.DOTALL)
+        assert len(blocks) in (2, 3) and len(set(blocks)) == 1 and text.count(FAULT_MESSAGE) == len(blocks) - 1
+    assert {text.count("<code>") for text in retried} == {2, 3}
     # Faults are injected in GRPO and evaluation, not in the replay of the cold start (its refusals are recorded).
-    assert yaml.safe_load((out / "seed0" / "tool" / "grpo.yaml").read_text())["fault_rate"] == 0.2
+    grpo_config = yaml.safe_load((out / "seed0" / "tool" / "grpo.yaml").read_text())
+    assert (grpo_config["fault_rate"], grpo_config["max_tool_calls"]) == (0.2, 3)  # a retry refused again recovers
     assert yaml.safe_load((out / "seed0" / "tool" / "sft.yaml").read_text())["fault_rate"] == 0.0
     for record in evals:  # recovery from refused calls, per level (a smoke model rarely calls: counts may be 0)
         for row in record["levels"].values():
@@ -292,7 +298,8 @@ def test_report_reads_jsonl_whose_text_holds_unicode_line_separators(tmp_path):
 
 def test_recovery_is_measured_on_responses_with_an_injected_fault(tmp_path):
     """`with_fault_recovery` reads the evaluation's samples: a response counts when one of its calls was refused
-    (`sandbox_error`); recovered when it still ended correct, retried when a call ran after the refusal."""
+    (`sandbox_error`); retried when a call was made after the refusal, recovered when it ended correct after a call
+    that ran after the refusal (an answer from the output of a call before it is not a recovery)."""
     report = miniature_script()
 
     def sample(statuses, correct):
@@ -300,8 +307,10 @@ def test_recovery_is_measured_on_responses_with_an_injected_fault(tmp_path):
 
     records = [{"level": "multiply", "samples": [sample(["sandbox_error", "ok"], True),  # refused, retried, right
                                                  sample(["sandbox_error"], False),  # gave up
+                                                 sample(["sandbox_error", "sandbox_error"], True),  # a lucky guess
                                                  sample(["error", "ok"], True)]},  # its own error: not counted
-               {"level": "easy", "samples": [sample([], True), sample(["ok", "sandbox_error", "skipped"], False)]},
+               {"level": "easy", "samples": [sample([], True), sample(["ok", "sandbox_error", "skipped"], False),
+                                             sample(["ok", "sandbox_error"], True)]},  # answered from the first
                {"level": "digitsum", "samples": [sample(["sandbox_error", "sandbox_error"], False)]}]
     path = tmp_path / "per_problem.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -313,13 +322,14 @@ def test_recovery_is_measured_on_responses_with_an_injected_fault(tmp_path):
     metrics = {"n_samples": 4, **summary(), "by_level": {lvl: summary() for lvl in ("easy", "multiply", "digitsum")}}
     rows = report.level_rows(report.with_fault_recovery(metrics, path))
     multiply = rows["multiply"]["fault_recovery"]
-    assert (multiply["responses_with_fault"], multiply["recovered"], multiply["retried"]) == (2, 1, 1)
-    assert multiply["recovered_rate"] == 0.5 and multiply["recovered_rate_stderr"] == pytest.approx(math.sqrt(0.25 / 2))
-    easy = rows["easy"]["fault_recovery"]  # the call after the refusal was over the budget: not run, no retry
-    assert (easy["responses_with_fault"], easy["recovered"], easy["retried"]) == (1, 0, 0)
+    assert (multiply["responses_with_fault"], multiply["recovered"], multiply["retried"]) == (3, 1, 2)
+    assert multiply["recovered_rate"] == pytest.approx(1 / 3)
+    assert multiply["recovered_rate_stderr"] == pytest.approx(math.sqrt(2 / 9 / 3))
+    easy = rows["easy"]["fault_recovery"]  # a call after the refusal over the budget (not run), or none at all
+    assert (easy["responses_with_fault"], easy["recovered"], easy["retried"]) == (2, 0, 0)
     hard = rows["hard"]["fault_recovery"]  # pooled counts of the hard levels: multiply and digitsum
-    assert (hard["responses_with_fault"], hard["recovered"], hard["retried"]) == (3, 1, 2)
-    assert rows["all"]["fault_recovery"]["responses_with_fault"] == 4
+    assert (hard["responses_with_fault"], hard["recovered"], hard["retried"]) == (4, 1, 3)
+    assert rows["all"]["fault_recovery"]["responses_with_fault"] == 6
     assert report.fault_rates({"responses_with_fault": 0, "recovered": 0, "retried": 0})["recovered_rate"] is None
 
 
@@ -331,3 +341,28 @@ def test_seed_list_runs_the_seeds_given():
     assert seed_list(Arguments(seed_list=[0, 5, 6], seed=2, seeds=3)) == [0, 5, 6]  # replaces --seed and --seeds
     with pytest.raises(ValueError, match="distinct"):
         seed_list(Arguments(seed_list=[1, 1]))
+
+
+def test_coldstart_retries_are_refused_again_as_often_as_asked():
+    sys.path.insert(0, str(ROOT / "training"))
+    from training.miniature_data import coldstart_kinds, make_problems
+
+    problems = make_problems(200, seed=0)
+    shares = {"easy": (0.9, 0.1), "hard": (0.4, 0.15)}
+    once = coldstart_kinds(problems, shares, 0, fault_share=0.7, retry_share=0.75)
+    again = coldstart_kinds(problems, shares, 0, fault_share=0.7, retry_share=0.75, again_share=0.2)
+    assert "retry_again" not in once
+    # The same draws: only retries change kind, about a fifth of them.
+    assert [k for k in again if k != "retry_again"] == [k for k, a in zip(once, again, strict=True) if a != "retry_again"]
+    assert {k for k, a in zip(once, again, strict=True) if a == "retry_again"} == {"retry"}
+    share = again.count("retry_again") / once.count("retry")
+    assert 0.12 < share < 0.28, share
+
+
+def test_a_third_call_in_the_cold_start_needs_three_calls(tmp_path):
+    sys.path.insert(0, str(ROOT / "training"))
+    from training.miniature import Arguments, main
+
+    with pytest.raises(ValueError, match="--max_tool_calls 3"):
+        main(Arguments(max_tool_calls=2, out=str(tmp_path / "run")))
+    assert not (tmp_path / "run").exists()

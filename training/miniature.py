@@ -16,7 +16,7 @@ model this small reaches long before its samples are reliable. Two arms share mo
   unanswered). Both arms see the same `plain` prompt, which mentions no tool: at this scale a model cannot read
   instructions, and what it knows of the tool comes from its cold start.
 
-    bash scripts/miniature.sh                  # one seed, both arms (about 8 minutes on 2 cores)
+    bash scripts/miniature.sh                  # one seed, both arms (8 min on 2 cores before the fault defaults)
     bash scripts/miniature.sh --seeds 3        # mean and spread over three seeds
     bash scripts/miniature.sh --seed_list 0 1 2 3 4 5 6  # these seeds, one combined report
     bash scripts/miniature.sh --smoke          # the pipeline end to end in under 3 minutes (CI)
@@ -54,8 +54,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 # The miniature's environment: the paper's format, small budgets (every EnvConfig field is a flag as well).
-MINIATURE_ENV = EnvConfig.with_defaults(tool_format="retool", prompt="plain", max_tool_calls=2, max_turn_tokens=48,
-                                        max_completion_tokens=160, max_observation_tokens=48)
+# Three calls, so that a retry refused again can still recover; 192 tokens hold three digit-sum calls and the answer.
+MINIATURE_ENV = EnvConfig.with_defaults(tool_format="retool", prompt="plain", max_tool_calls=3, max_turn_tokens=48,
+                                        max_completion_tokens=192, max_observation_tokens=48, fault_rate=0.2)
 
 
 @dataclass
@@ -85,15 +86,23 @@ class Arguments(MINIATURE_ENV):  # type: ignore[misc,valid-type]  # a dataclass 
                                                                    "copying skill."})
     self_correct_share: float = field(default=0.15, metadata={"help": "Cold start: share whose first code fails "
                                                                        "and is fixed."})
-    coldstart_fault_share: float = field(default=0.0, metadata={"help": "Cold start: share of the plain code "
+    coldstart_fault_share: float = field(default=0.7, metadata={"help": "Cold start: share of the plain code "
                                                                          "solutions whose first call is refused "
                                                                          "as `--fault_rate` (EnvConfig's, in GRPO "
-                                                                         "and evaluation) refuses calls; the "
-                                                                         "pilot used 0.3 with --fault_rate 0.2."})
-    coldstart_retry_share: float = field(default=0.5, metadata={"help": "Cold start: share of the refused calls "
-                                                                         "followed by the same call again; the "
-                                                                         "rest answer at once (a guess), so RL has "
-                                                                         "to learn that retrying pays."})
+                                                                         "and evaluation) refuses calls. At 0.3 "
+                                                                         "(114 retries in 2,000 solutions) SFT "
+                                                                         "taught retrying too rarely; at 0.7 "
+                                                                         "seed 0's SFT did not learn to copy long "
+                                                                         "outputs into the answer; 0.5 learnt "
+                                                                         "both, RL not yet run (BENCHMARKS.md)."})
+    coldstart_retry_share: float = field(default=0.75, metadata={"help": "Cold start: share of the refused calls "
+                                                                          "followed by the same call again; the "
+                                                                          "rest answer at once (a guess), so RL has "
+                                                                          "to learn that retrying pays."})
+    coldstart_again_share: float = field(default=0.2, metadata={"help": "Cold start: share of those retries "
+                                                                         "refused again and retried once more (as "
+                                                                         "often as `--fault_rate` refuses a call; "
+                                                                         "needs --max_tool_calls 3 or more)."})
     # model
     vocab_size: int = field(default=400, metadata={"help": "BPE vocabulary (digits stay single characters)."})
     hidden_size: int = field(default=128, metadata={"help": "Model width; heads are 64 wide."})
@@ -170,7 +179,7 @@ def run_sft(args: Arguments, arm: str, model_dir: Path, data: Path, out: Path, s
     """Cold-start SFT with training/sft_trl.py: solutions replayed through the environment, interpreter masked."""
     env = env_settings(args, arm, seed)
     config = {
-        "dataset": str(data), **env, "max_tool_calls": max(env.max_tool_calls, 2),  # replay the tool arm's data
+        "dataset": str(data), **env, "max_tool_calls": args.max_tool_calls,  # the tool arm's budget (its data)
         "fault_rate": 0.0,  # the cold start's refusals are recorded in it; replay injects none of its own
         "model_name_or_path": str(model_dir), "dtype": "float32", "attn_implementation": "eager",
         "output_dir": str(out), "use_cpu": True, "bf16": False, "seed": seed,
@@ -290,7 +299,7 @@ def run_arm(args: Arguments, seed: int, arm: str, arm_dir: Path, init_dir: Path,
     shares = {"easy": (args.text_share_easy, args.self_correct_share),
               "hard": (args.text_share_hard, args.self_correct_share)}
     problems, kinds = train, coldstart_kinds(train, shares, seed, args.coldstart_fault_share,
-                                             args.coldstart_retry_share)
+                                             args.coldstart_retry_share, args.coldstart_again_share)
     if arm == "text":  # the same cold start without the solutions that use code
         kept = [(p, k) for p, k in zip(train, kinds, strict=True) if k == "text"]
         problems, kinds = [p for p, _ in kept], [k for _, k in kept]
@@ -341,6 +350,9 @@ def seed_list(args: Arguments) -> list[int]:
 def main(args: Arguments) -> Path:
     if args.smoke:
         args.apply_smoke()
+    if args.coldstart_fault_share and args.coldstart_again_share and args.max_tool_calls < 3:
+        raise ValueError(f"--coldstart_again_share {args.coldstart_again_share} shows a third call: it needs "
+                         f"--max_tool_calls 3 or more (got {args.max_tool_calls}), or --coldstart_again_share 0")
     out = Path(args.out or ROOT / "runs" / f"miniature-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()

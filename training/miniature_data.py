@@ -12,8 +12,9 @@ reads ReTool-SFT and replays them through the environment. Interpreter outputs a
 the project's sandbox first. Kinds: `text` (answer directly), `code`, `self_correct` (the first code has a
 typo, the error is read, the code is fixed), and two where the first call is refused before it runs, as
 `EnvConfig.fault_rate` refuses calls in RL and evaluation (`retool_env.faults`, its message): `retry` (the same code
-again, then the answer) and `give_up` (an answer straight after the refusal: a guess). The cold start shows the retry
-on only part of the refusals, so that learning when it pays is left to RL.
+again, copied from the block right above the refusal, then the answer), `retry_again` (that retry refused as well,
+then a third call), and `give_up` (an answer straight after the refusal: a guess). The cold start shows the retry on
+only part of the refusals, so that learning when it pays is left to RL.
 """
 
 from __future__ import annotations
@@ -125,9 +126,10 @@ def run_codes(codes: Sequence[str], timeout: float = 5.0) -> list[str]:
 
 
 def coldstart_kinds(problems: Sequence[Problem], shares: dict[str, tuple[float, float]], seed: int,
-                    fault_share: float = 0.0, retry_share: float = 0.5) -> list[str]:
+                    fault_share: float = 0.0, retry_share: float = 0.5, again_share: float = 0.0) -> list[str]:
     """A kind per problem: within a level, shares (text, self_correct) of the problems, the rest code; of the code
-    solutions, `fault_share` have their first call refused, and of those `retry_share` retry (the rest give up)."""
+    solutions, `fault_share` have their first call refused, of those `retry_share` retry (the rest give up), and of
+    the retries `again_share` are refused again and retry once more (`retry_again`)."""
     kinds = []
     for p in problems:
         text_share, fix_share = shares["easy" if p.level == "easy" else "hard"]
@@ -136,6 +138,8 @@ def coldstart_kinds(problems: Sequence[Problem], shares: dict[str, tuple[float, 
         kind = "text" if draw < text_share else "self_correct" if draw < text_share + fix_share else "code"
         if kind == "code" and rng.random() < fault_share:
             kind = "retry" if rng.random() < retry_share else "give_up"
+            if kind == "retry" and rng.random() < again_share:
+                kind = "retry_again"
         kinds.append(kind)
     return kinds
 
@@ -148,7 +152,8 @@ def write_coldstart(problems: Sequence[Problem], kinds: Sequence[str], path: Pat
     for p, kind in zip(problems, kinds, strict=True):
         code = p.metadata["code"]
         plans.append({"text": [], "code": [(code, False)], "self_correct": [(_bug(code, rng), False), (code, False)],
-                      "retry": [(code, True), (code, False)], "give_up": [(code, True)]}[kind])
+                      "retry": [(code, True), (code, False)], "retry_again": [(code, True), (code, True), (code, False)],
+                      "give_up": [(code, True)]}[kind])
     outputs = iter(run_codes([c for codes in plans for c, refused in codes if not refused]))
     counts: dict[str, int] = {}
     with open(path, "w", encoding="utf-8") as f:

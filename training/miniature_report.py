@@ -32,9 +32,10 @@ def fault_rates(counts: dict[str, int]) -> dict[str, float | int | None]:
 def fault_recovery(samples: list[dict]) -> dict[str, float | int | None]:
     """Self-correction on recoverable failures: of the responses (evaluation samples of `per_problem.jsonl`) with a
     call refused by the injected faults (`EnvConfig.fault_rate`: status `sandbox_error`, which the real sandbox
-    never returns in a working set-up), the share that still ended correct (`recovered`) and the share that called
-    again after the first refusal (`retried`). Unlike the errors of the model's own code, these cannot be foreseen
-    and can always be recovered from by reading the message and calling again."""
+    never returns in a working set-up), the share that called again after the first refusal (`retried`) and the
+    share that ended correct after a call that ran after it (`recovered`: an answer from an earlier call's output,
+    or a guess, is not a recovery). Unlike the errors of the model's own code, these cannot be foreseen and can
+    always be recovered from by reading the message and calling again."""
     counts = dict.fromkeys(FAULT_COUNTS, 0)
     for sample in samples:
         statuses = [str(s) for s in sample["tool_statuses"]]
@@ -42,8 +43,9 @@ def fault_recovery(samples: list[dict]) -> dict[str, float | int | None]:
             continue
         first = statuses.index("sandbox_error")
         counts["responses_with_fault"] += 1
-        counts["recovered"] += bool(sample["correct"])
-        counts["retried"] += any(s not in NOT_RUN for s in statuses[first + 1:])
+        later = statuses[first + 1:]
+        counts["retried"] += any(s not in NOT_RUN for s in later)
+        counts["recovered"] += bool(sample["correct"]) and any(s not in (*NOT_RUN, "sandbox_error") for s in later)
     return fault_rates(counts)
 
 
