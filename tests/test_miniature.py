@@ -20,6 +20,9 @@ from retool_env.records import read_records, regrade
 
 ROOT = Path(__file__).resolve().parent.parent
 STAGES = ("before_sft", "after_sft", "after_rl")
+# As the README gives it (section "Self-correction from injected faults").
+SELF_CORRECTION_RECIPE = ["--fault_rate", "0.2", "--coldstart_fault_share", "0.5", "--max_tool_calls", "3",
+                          "--max_completion_tokens", "192"]
 
 
 @pytest.mark.slow
@@ -28,9 +31,9 @@ def test_miniature_smoke_writes_run_folder(tmp_path):
     out = tmp_path / "run"
     (out / "seed0" / "tool" / "grpo" / "checkpoint-0").mkdir(parents=True)  # left by an earlier run: not evaluated
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    # The defaults inject faults (--fault_rate 0.2), so the recovery path runs; every RL episode recorded.
-    subprocess.run([sys.executable, "training/miniature.py", "--smoke", "--records", "--out", str(out)], cwd=ROOT,
-                   env=env, check=True, timeout=1100)
+    # The self-correction recipe (injected faults, three calls), so the recovery path runs; every RL episode recorded.
+    subprocess.run([sys.executable, "training/miniature.py", "--smoke", *SELF_CORRECTION_RECIPE, "--records", "--out",
+                    str(out)], cwd=ROOT, env=env, check=True, timeout=1100)
 
     for name in ("metrics.jsonl", "report.md", "summary.json", "accuracy.png", "code_use.png", "rl_curves.png",
                  "heldout.png", "self_correction.png"):
@@ -364,5 +367,5 @@ def test_a_third_call_in_the_cold_start_needs_three_calls(tmp_path):
     from training.miniature import Arguments, main
 
     with pytest.raises(ValueError, match="--max_tool_calls 3"):
-        main(Arguments(max_tool_calls=2, out=str(tmp_path / "run")))
+        main(Arguments(coldstart_fault_share=0.5, max_tool_calls=2, out=str(tmp_path / "run")))
     assert not (tmp_path / "run").exists()

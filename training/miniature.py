@@ -16,7 +16,7 @@ model this small reaches long before its samples are reliable. Two arms share mo
   unanswered). Both arms see the same `plain` prompt, which mentions no tool: at this scale a model cannot read
   instructions, and what it knows of the tool comes from its cold start.
 
-    bash scripts/miniature.sh                  # one seed, both arms (8 min on 2 cores before the fault defaults)
+    bash scripts/miniature.sh                  # one seed, both arms (about 8 minutes on 2 cores)
     bash scripts/miniature.sh --seeds 3        # mean and spread over three seeds
     bash scripts/miniature.sh --seed_list 0 1 2 3 4 5 6  # these seeds, one combined report
     bash scripts/miniature.sh --smoke          # the pipeline end to end in under 3 minutes (CI)
@@ -54,9 +54,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 # The miniature's environment: the paper's format, small budgets (every EnvConfig field is a flag as well).
-# Three calls, so that a retry refused again can still recover; 192 tokens hold three digit-sum calls and the answer.
-MINIATURE_ENV = EnvConfig.with_defaults(tool_format="retool", prompt="plain", max_tool_calls=3, max_turn_tokens=48,
-                                        max_completion_tokens=192, max_observation_tokens=48, fault_rate=0.2)
+# The self-correction recipe (README, "Self-correction from injected faults") adds to these `--fault_rate 0.2
+# --coldstart_fault_share 0.5 --max_tool_calls 3 --max_completion_tokens 192`: three calls, so that a retry refused
+# again can still recover, and the tokens three digit-sum calls and the answer need.
+MINIATURE_ENV = EnvConfig.with_defaults(tool_format="retool", prompt="plain", max_tool_calls=2, max_turn_tokens=48,
+                                        max_completion_tokens=160, max_observation_tokens=48)
 
 
 @dataclass
@@ -86,7 +88,7 @@ class Arguments(MINIATURE_ENV):  # type: ignore[misc,valid-type]  # a dataclass 
                                                                    "copying skill."})
     self_correct_share: float = field(default=0.15, metadata={"help": "Cold start: share whose first code fails "
                                                                        "and is fixed."})
-    coldstart_fault_share: float = field(default=0.7, metadata={"help": "Cold start: share of the plain code "
+    coldstart_fault_share: float = field(default=0.0, metadata={"help": "Cold start: share of the plain code "
                                                                          "solutions whose first call is refused "
                                                                          "as `--fault_rate` (EnvConfig's, in GRPO "
                                                                          "and evaluation) refuses calls. At 0.3 "
@@ -94,7 +96,7 @@ class Arguments(MINIATURE_ENV):  # type: ignore[misc,valid-type]  # a dataclass 
                                                                          "taught retrying too rarely; at 0.7 "
                                                                          "seed 0's SFT did not learn to copy long "
                                                                          "outputs into the answer; 0.5 learnt "
-                                                                         "both, RL not yet run (BENCHMARKS.md)."})
+                                                                         "both (BENCHMARKS.md, Pilot)."})
     coldstart_retry_share: float = field(default=0.75, metadata={"help": "Cold start: share of the refused calls "
                                                                           "followed by the same call again; the "
                                                                           "rest answer at once (a guess), so RL has "
