@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from retool_env.chat_render import ChatRenderer
 from retool_env.tokens import Tokenizer, encode, encode_text, has_added_token_text
 
 __all__ = ["Conversation", "NextContext", "chat_template_names", "resolve_chat_template", "with_chat_template"]
@@ -92,6 +93,7 @@ class Conversation:
         self.tools = tools
         self.turn_end = turn_end
         self.chat_template_kwargs = dict(chat_template_kwargs or {})  # e.g. enable_thinking, in every render
+        self.renderer = ChatRenderer(tokenizer, tools, self.chat_template_kwargs)
         self.messages = list(messages)
         self.text = self.render(self.messages)  # the context of the next generation, as text
         self.reasoning_field: bool | None = None  # see assistant_message
@@ -101,9 +103,8 @@ class Conversation:
         self._tool_marker = f"\x00retool-env-tool-{nonce}-{{}}\x00"
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        return self.tokenizer.apply_chat_template(messages, tools=self.tools, tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt,
-                                                  **self.chat_template_kwargs)
+        """The template's text for `messages` (`apply_chat_template(..., tokenize=False)`'s, see `ChatRenderer`)."""
+        return self.renderer.render(messages, add_generation_prompt)
 
     def call_message(self, model_text: str, tool_message: dict[str, Any] | None, split: bool | None
                      ) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from retool_env.chat import Conversation
+from retool_env.chat_render import ChatRenderer
 from retool_env.dialects import (
     DIALECTS,
     Dialect,
@@ -310,15 +311,31 @@ def tool_call_blocks(text: str, open_tag: str = "<tool_call>", close_tag: str = 
     return blocks, False
 
 
-class HermesFormat(ToolFormat):
-    """Qwen-style `<tool_call>` JSON calls; results as `tool` turns rendered by the tokenizer's chat template."""
+class ChatTurnsFormat(ToolFormat):
+    """A format whose tool results are chat turns the tokenizer's chat template renders (`tool` messages), the
+    code interpreter advertised as the one tool: what `HermesFormat` and every `DialectFormat` share."""
 
-    name = "hermes"
-    dialect: Dialect = get_dialect("hermes")
     default_prompt = "slime"
     call_glue = "\n"
     call_ends_turn = True
     tool_turns = True
+    chat_template_kwargs: dict[str, Any]
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        return [CODE_INTERPRETER_TOOL]
+
+    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+        """The chat template's text of `messages`, with the tool and the template options of every render."""
+        return ChatRenderer(self.tokenizer, self.tools, self.chat_template_kwargs).render(messages,
+                                                                                           add_generation_prompt)
+
+
+class HermesFormat(ChatTurnsFormat):
+    """Qwen-style `<tool_call>` JSON calls; results as `tool` turns rendered by the tokenizer's chat template."""
+
+    name = "hermes"
+    dialect: Dialect = get_dialect("hermes")
     _DUMMY = "<<retool-env-dummy>>"
 
     def __init__(self, tokenizer: Tokenizer, chat_template_kwargs: dict[str, Any] | None = None) -> None:
@@ -341,15 +358,6 @@ class HermesFormat(ToolFormat):
         self.shape = tool_call_shape(tokenizer.chat_template, "hermes")  # how the template reads `tool_calls`
         if not renders_tools(tokenizer.chat_template):  # e.g. DeepSeek-R1-Distill: the prompt must show the tool
             self.system_prompt = tool_system_prompt("hermes", [CODE_INTERPRETER_TOOL])
-
-    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tools=[CODE_INTERPRETER_TOOL], tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt,
-                                                  **self.chat_template_kwargs)
-
-    @property
-    def tools(self) -> list[dict[str, Any]]:
-        return [CODE_INTERPRETER_TOOL]
 
     def _parse_text(self, text: str, ended: bool) -> ParsedAction:
         blocks, unclosed = tool_call_blocks(text)
@@ -486,7 +494,7 @@ class ReToolFormat(ToolFormat):
         return f"<answer>\n{answer}\n</answer>"
 
 
-class DialectFormat(ToolFormat):
+class DialectFormat(ChatTurnsFormat):
     """Tool calls in one of `retool_env.dialects` (qwen3_coder XML, gpt-oss harmony, Llama 3 JSON, GLM-4.5, ...),
     results as `tool` turns rendered by the tokenizer's chat template.
 
@@ -496,10 +504,6 @@ class DialectFormat(ToolFormat):
     (`retool_env.chat.Conversation`), whatever role (`tool`, `ipython`) and grouping the template uses. A template
     that does not render `tools` gets them in the system prompt (`system_prompt`, from `tool_system_prompt`)."""
 
-    default_prompt = "slime"
-    call_glue = "\n"
-    call_ends_turn = True
-    tool_turns = True
     dialect: Dialect
 
     def __init__(self, tokenizer: Tokenizer, chat_template_kwargs: dict[str, Any] | None = None) -> None:
@@ -537,15 +541,6 @@ class DialectFormat(ToolFormat):
             self.end_token_ids.append(self.turn_end_id)
         self._call_ends = {self.turn_end_id, *(tokenizer.convert_tokens_to_ids(t) for t in self.dialect.stop_strings
                                                if t in added)}
-
-    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tools=[CODE_INTERPRETER_TOOL], tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt,
-                                                  **self.chat_template_kwargs)
-
-    @property
-    def tools(self) -> list[dict[str, Any]]:
-        return [CODE_INTERPRETER_TOOL]
 
     @property
     def stop_strings(self) -> list[str]:
@@ -676,7 +671,7 @@ def make_format(tool_format: str | ToolFormat, tokenizer: Tokenizer,
     if isinstance(tool_format, ToolFormat):
         return tool_format
     cls = format_class(resolve_tool_format(tool_format, tokenizer))
-    if issubclass(cls, (HermesFormat, DialectFormat)):
+    if issubclass(cls, ChatTurnsFormat):
         return cls(tokenizer, chat_template_kwargs)
     return cls(tokenizer)
 

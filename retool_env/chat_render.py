@@ -1,0 +1,210 @@
+"""Chat template rendering on the step path: the text `tokenizer.apply_chat_template(messages, tools=...,
+tokenize=False)` gives, without the work it repeats on every call.
+
+Every tool call renders the episode's whole conversation (`retool_env.chat.Conversation`), and in transformers
+most of that render's cost is not the template's own work: each call converts and copies every message, the tools
+and the special tokens, and the Jinja sandbox re-checks each attribute access, raising an `AttributeError` for
+every `message.role` before reading the item. `ChatRenderer` renders transformers' own compiled template with the
+same inputs, prepared the same way: a message of plain strings by dropping its `None` values (what transformers'
+converters do to it), any other message by those converters themselves; the tools and the template variables
+(special tokens, `chat_template_kwargs`) once. Its sandbox is an overlay of transformers' one whose attribute checks
+are remembered per (type, name), the only things jinja's immutable sandbox decides them on, and which reads the items
+of a plain `dict` without the failed attribute lookup first (as the sandbox does after it): the same decisions, the
+same text.
+
+The fast path is taken only for a Hugging Face tokenizer whose `apply_chat_template` is transformers' own, with a
+transformers that has the converters used here (5.20 and later). The first renders of each (tokenizer, template,
+tools, options) are compared with `apply_chat_template`; any difference turns the fast path off for them, with a
+warning. A render the fast path cannot do (it raises) is done by `apply_chat_template`, so errors are transformers'.
+Any other tokenizer (the `retool_env.tokens.Tokenizer` protocol) renders through its own `apply_chat_template`.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import sys
+import warnings
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from retool_env.tokens import Tokenizer
+
+__all__ = ["ChatRenderer"]
+
+VERIFIED_RENDERS = 3
+"""Renders of each (tokenizer, template, tools, options) checked against `apply_chat_template` before trusting."""
+
+_MEMO_LIMIT = 4096  # attribute decisions remembered per template (names come from the template's source)
+
+# tokenizer -> {(template, tools, options): renders found equal so far, or -1 when the fast path is off}
+_checks: weakref.WeakKeyDictionary[Any, dict[tuple[str, str, str], int]] = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class _Transformers:
+    """What the fast path uses of transformers (private helpers of its chat template module)."""
+
+    base_class: type
+    compile: Any
+    normalize: Any
+    plain: Any
+    alias: Any
+
+
+_found: list[_Transformers] = []
+
+
+def _transformers_parts() -> _Transformers | None:
+    """transformers' chat template helpers, when transformers is loaded and has those the fast path uses."""
+    if _found:
+        return _found[0]
+    if "transformers" not in sys.modules:  # a tokenizer that is not transformers' needs none of it
+        return None
+    try:
+        from transformers import PreTrainedTokenizerBase
+        from transformers.utils import chat_template_utils as utils
+    except ImportError:
+        return None
+    names = ("_compile_jinja_template", "_normalize_chat_messages", "_plain_template_data", "_alias_reasoning_fields")
+    helpers = [getattr(utils, name, None) for name in names]
+    if not all(callable(helper) for helper in helpers):
+        return None
+    _found.append(_Transformers(PreTrainedTokenizerBase, *helpers))
+    return _found[0]
+
+
+@functools.cache
+def _apply_parameters() -> frozenset[str]:
+    """The names `apply_chat_template` takes itself: template options with one of them go its own way."""
+    parts = _transformers_parts()
+    return frozenset(inspect.signature(parts.base_class.apply_chat_template).parameters) if parts else frozenset()
+
+
+@functools.lru_cache(maxsize=64)
+def _fast_template(template: str) -> Any:
+    """transformers' compiled template, recompiled in an overlay of its sandbox whose attribute checks are
+    remembered (see the module docstring); transformers' own when its sandbox is not jinja's immutable one."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    parts = _transformers_parts()
+    assert parts is not None, "only called when the fast path is available"
+    compiled = parts.compile(template)
+    base = compiled.environment
+    if type(base) is not ImmutableSandboxedEnvironment:
+        return compiled
+    env = base.overlay()
+    check, decided = env.is_safe_attribute, {}
+
+    def is_safe_attribute(obj: Any, attr: str, value: Any) -> bool:
+        key = (type(obj), attr)
+        safe = decided.get(key)
+        if safe is None:
+            safe = check(obj, attr, value)
+            if len(decided) < _MEMO_LIMIT:
+                decided[key] = safe
+        return safe
+
+    sandbox_getattr, dict_names = env.getattr, frozenset(dir(dict))
+
+    def getattr_(obj: Any, attribute: str) -> Any:
+        # A plain dict has no attribute but its class's: the sandbox's lookup fails, then reads the item.
+        if type(obj) is dict and attribute not in dict_names:
+            try:
+                return obj[attribute]
+            except (TypeError, LookupError):
+                return env.undefined(obj=obj, name=attribute)
+        return sandbox_getattr(obj, attribute)
+
+    env.is_safe_attribute = is_safe_attribute  # type: ignore[method-assign]
+    env.getattr = getattr_  # type: ignore[method-assign]
+    return env.from_string(template)
+
+
+def _key(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=repr)
+
+
+class ChatRenderer:
+    """Renders conversations through a tokenizer's chat template with fixed tools and template options: the text
+    `tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=...,
+    **chat_template_kwargs)` gives, fast for a Hugging Face tokenizer (see the module docstring)."""
+
+    def __init__(self, tokenizer: Tokenizer, tools: list[dict[str, Any]] | None = None,
+                 chat_template_kwargs: dict[str, Any] | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.tools = tools
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self._source: Any = None  # the tokenizer's chat_template the fast path was prepared for
+        self._prepared: tuple[Any, Any, dict[str, Any], tuple[str, str, str]] | None = None
+        self._tools_seen: Any = None
+
+    def slow_render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        """The rendering by the tokenizer's own `apply_chat_template`."""
+        return self.tokenizer.apply_chat_template(messages, tools=self.tools, tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt,
+                                                  **self.chat_template_kwargs)
+
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        prepared = self._prepare()
+        if prepared is None or not messages:
+            return self.slow_render(messages, add_generation_prompt)
+        template, tools, variables, key = prepared
+        checks = _checks.setdefault(self.tokenizer, {})
+        verified = checks.get(key, 0)
+        if verified < 0:
+            return self.slow_render(messages, add_generation_prompt)
+        try:
+            text = template.render(messages=_template_messages(messages), tools=tools, documents=None,
+                                   add_generation_prompt=add_generation_prompt, **variables)
+        except Exception:  # the template refuses these messages: transformers says so in its words
+            return self.slow_render(messages, add_generation_prompt)
+        if verified < VERIFIED_RENDERS:
+            expected = self.slow_render(messages, add_generation_prompt)
+            if text != expected:
+                checks[key] = -1
+                warnings.warn("the fast chat template rendering differs from apply_chat_template for this tokenizer "
+                              "(another transformers version?); rendering through apply_chat_template",
+                              stacklevel=2)
+                return expected
+            checks[key] = verified + 1
+        return text
+
+    def _prepare(self) -> tuple[Any, Any, dict[str, Any], tuple[str, str, str]] | None:
+        """The compiled template, tools and template variables of the fast path, or None where it is not taken."""
+        tokenizer = self.tokenizer
+        source = getattr(tokenizer, "chat_template", None)
+        if source is self._source and self.tools is self._tools_seen:
+            return self._prepared
+        self._source, self._tools_seen, self._prepared = source, self.tools, None
+        parts = _transformers_parts()
+        if (parts is None or not isinstance(tokenizer, parts.base_class)
+                or type(tokenizer).apply_chat_template is not parts.base_class.apply_chat_template
+                or not set(self.chat_template_kwargs).isdisjoint(_apply_parameters())
+                or (self.tools is not None and not all(isinstance(t, dict) for t in self.tools))):
+            return None
+        try:
+            template = tokenizer.get_chat_template(None, self.tools)
+            variables = parts.plain({**tokenizer.special_tokens_map, **self.chat_template_kwargs})
+            tools = parts.plain(list(self.tools) if self.tools is not None else None)
+            key = (template, _key(tools), _key(variables))
+            self._prepared = (_fast_template(template), tools, variables, key)
+        except Exception:  # no template, or one that does not compile: apply_chat_template raises its own error
+            return None
+        return self._prepared
+
+
+
+def _template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages as transformers hands them to the template: plain data, `None` values dropped, reasoning under
+    each of its names."""
+    parts = _found[0]
+    prepared = []
+    for message in messages:
+        if type(message) is dict and all(type(k) is str and (v is None or type(v) is str) for k, v in message.items()):
+            prepared.append({k: v for k, v in message.items() if v is not None})
+        else:
+            prepared.append(parts.plain(parts.normalize([message]))[0])
+    return parts.alias(prepared)
