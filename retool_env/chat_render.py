@@ -148,29 +148,42 @@ class ChatRenderer:
                                                   **self.chat_template_kwargs)
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        """The template's text for `messages`: `fast_render`'s once its first renders matched `slow_render`'s."""
         prepared = self._prepare()
-        if prepared is None or not messages:
+        if prepared is None:
             return self.slow_render(messages, add_generation_prompt)
-        template, tools, variables, key = prepared
         checks = _checks.setdefault(self.tokenizer, {})
-        verified = checks.get(key, 0)
+        verified = checks.get(prepared[3], 0)
         if verified < 0:
             return self.slow_render(messages, add_generation_prompt)
         try:
-            text = template.render(messages=_template_messages(messages), tools=tools, documents=None,
-                                   add_generation_prompt=add_generation_prompt, **variables)
+            text = self._fast(prepared, messages, add_generation_prompt)
         except Exception:  # the template refuses these messages: transformers says so in its words
             return self.slow_render(messages, add_generation_prompt)
         if verified < VERIFIED_RENDERS:
             expected = self.slow_render(messages, add_generation_prompt)
             if text != expected:
-                checks[key] = -1
+                checks[prepared[3]] = -1
                 warnings.warn("the fast chat template rendering differs from apply_chat_template for this tokenizer "
                               "(another transformers version?); rendering through apply_chat_template",
                               stacklevel=2)
                 return expected
-            checks[key] = verified + 1
+            checks[prepared[3]] = verified + 1
         return text
+
+    def fast_render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str | None:
+        """The fast path's text for `messages`, unchecked; None for a tokenizer it does not serve."""
+        prepared = self._prepare()
+        return None if prepared is None else self._fast(prepared, messages, add_generation_prompt)
+
+    @staticmethod
+    def _fast(prepared: tuple[Any, Any, dict[str, Any], Any], messages: list[dict[str, Any]],
+              add_generation_prompt: bool) -> str:
+        if not messages:
+            raise ValueError("no messages")  # apply_chat_template's own error follows
+        template, tools, variables, _ = prepared
+        return template.render(messages=_template_messages(messages), tools=tools, documents=None,
+                               add_generation_prompt=add_generation_prompt, **variables)
 
     def _prepare(self) -> tuple[Any, Any, dict[str, Any], tuple[str, str, str]] | None:
         """The compiled template, tools and template variables of the fast path, or None where it is not taken."""
