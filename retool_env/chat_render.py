@@ -28,6 +28,7 @@ import sys
 import warnings
 import weakref
 from dataclasses import dataclass
+from types import BuiltinMethodType
 from typing import Any
 
 from retool_env.tokens import Tokenizer
@@ -118,8 +119,23 @@ def _fast_template(template: str) -> Any:
                 return env.undefined(obj=obj, name=attribute)
         return sandbox_getattr(obj, attribute)
 
+    sandbox_call = env.call
+
+    def call(__context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        # A builtin method (`content.startswith`) passed the attribute checks to be reached, can carry no unsafe
+        # or pass-context mark, and is called as jinja's `Context.call` calls it.
+        if type(__obj) is BuiltinMethodType:
+            kwargs.pop("_block_vars", None)
+            kwargs.pop("_loop_vars", None)
+            try:
+                return __obj(*args, **kwargs)
+            except StopIteration:
+                return env.undefined("value was undefined because a callable raised a StopIteration exception")
+        return sandbox_call(__context, __obj, *args, **kwargs)
+
     env.is_safe_attribute = is_safe_attribute  # type: ignore[method-assign]
     env.getattr = getattr_  # type: ignore[method-assign]
+    env.call = call  # type: ignore[method-assign]
     return env.from_string(template)
 
 
@@ -140,6 +156,7 @@ class ChatRenderer:
         self._source: Any = None  # the tokenizer's chat_template the fast path was prepared for
         self._prepared: tuple[Any, Any, dict[str, Any], tuple[str, str, str]] | None = None
         self._tools_seen: Any = None
+        self._own_checks: dict[tuple[str, str, str], int] = {}
 
     def slow_render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         """The rendering by the tokenizer's own `apply_chat_template`."""
@@ -152,7 +169,10 @@ class ChatRenderer:
         prepared = self._prepare()
         if prepared is None:
             return self.slow_render(messages, add_generation_prompt)
-        checks = _checks.setdefault(self.tokenizer, {})
+        try:
+            checks = _checks.setdefault(self.tokenizer, {})
+        except TypeError:  # a tokenizer that cannot be weakly referenced: its renderers check on their own
+            checks = self._own_checks
         verified = checks.get(prepared[3], 0)
         if verified < 0:
             return self.slow_render(messages, add_generation_prompt)
@@ -216,8 +236,36 @@ def _template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     parts = _found[0]
     prepared = []
     for message in messages:
-        if type(message) is dict and all(type(k) is str and (v is None or type(v) is str) for k, v in message.items()):
-            prepared.append({k: v for k, v in message.items() if v is not None})
+        plain = _plain_json(message) if type(message) is dict else _NOT_PLAIN
+        if plain is _NOT_PLAIN:  # objects, subclasses, media: transformers' own converters
+            plain = parts.plain(parts.normalize([message]))[0]
         else:
-            prepared.append(parts.plain(parts.normalize([message]))[0])
+            plain = {key: value for key, value in plain.items() if value is not None}
+        prepared.append(plain)
     return parts.alias(prepared)
+
+
+_NOT_PLAIN = object()
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _plain_json(value: Any, depth: int = 0) -> Any:
+    """A copy of JSON data built of exact dicts, lists and scalars (what transformers' converters make of it), or
+    `_NOT_PLAIN` for anything else."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if depth > 32:
+        return _NOT_PLAIN
+    if kind is dict:
+        copied = {}
+        for key, item in value.items():
+            item = _plain_json(item, depth + 1)
+            if type(key) is not str or item is _NOT_PLAIN:
+                return _NOT_PLAIN
+            copied[key] = item
+        return copied
+    if kind is list:
+        items = [_plain_json(item, depth + 1) for item in value]
+        return _NOT_PLAIN if any(item is _NOT_PLAIN for item in items) else items
+    return _NOT_PLAIN
