@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
 import sys
 import warnings
 import weakref
@@ -133,14 +132,52 @@ def _fast_template(template: str) -> Any:
                 return env.undefined("value was undefined because a callable raised a StopIteration exception")
         return sandbox_call(__context, __obj, *args, **kwargs)
 
+    tojson = env.filters.get("tojson")
+
+    def frozen_tojson(value: Any, *args: Any, **kwargs: Any) -> Any:
+        # The tools' JSON (`tools | tojson`, on every render) written once per options for the frozen copy.
+        texts = _frozen_json.get(id(value))
+        if texts is None or texts[0] is not value:
+            return tojson(value, *args, **kwargs)
+        key = (args, tuple(sorted(kwargs.items())))
+        try:
+            return texts[1][key]
+        except KeyError:
+            text = texts[1][key] = tojson(value, *args, **kwargs)
+            return text
+        except TypeError:  # unhashable options
+            return tojson(value, *args, **kwargs)
+
     env.is_safe_attribute = is_safe_attribute  # type: ignore[method-assign]
     env.getattr = getattr_  # type: ignore[method-assign]
     env.call = call  # type: ignore[method-assign]
+    if callable(tojson):
+        env.filters = {**env.filters, "tojson": frozen_tojson}  # the overlay's own filters, transformers' untouched
     return env.from_string(template)
 
 
+# The plain copy of each tool list (by its repr), shared by every render: no template can change it (the sandbox
+# is immutable) and nothing else holds it, so its JSON is written once (`_frozen_json`: id -> (object, texts)).
+_frozen_tools: dict[str, Any] = {}
+_frozen_json: dict[int, tuple[Any, dict[Any, str]]] = {}
+_FROZEN_LIMIT = 64
+
+
+def _frozen(tools: Any) -> Any:
+    """The one frozen copy of these plain tools (or `tools` itself once many distinct lists were seen)."""
+    key = repr(tools)
+    if key in _frozen_tools:
+        return _frozen_tools[key]
+    if tools is None or len(_frozen_tools) >= _FROZEN_LIMIT:
+        return tools
+    _frozen_tools[key] = tools
+    for value in [tools, *(tools if isinstance(tools, (list, tuple)) else [])]:
+        _frozen_json[id(value)] = (value, {})
+    return tools
+
+
 def _key(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, default=repr)
+    return repr(value)
 
 
 class ChatRenderer:
@@ -221,7 +258,7 @@ class ChatRenderer:
         try:
             template = tokenizer.get_chat_template(None, self.tools)
             variables = parts.plain({**tokenizer.special_tokens_map, **self.chat_template_kwargs})
-            tools = parts.plain(list(self.tools) if self.tools is not None else None)
+            tools = _frozen(parts.plain(list(self.tools) if self.tools is not None else None))
             key = (template, _key(tools), _key(variables))
             self._prepared = (_fast_template(template), tools, variables, key)
         except Exception:  # no template, or one that does not compile: apply_chat_template raises its own error

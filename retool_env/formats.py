@@ -539,6 +539,7 @@ class DialectFormat(ChatTurnsFormat):
         self.turn_end_id: int = self.encode(turn_end)[0]
         if self.turn_end_id not in self.end_token_ids:
             self.end_token_ids.append(self.turn_end_id)
+        self._end_texts: dict[tuple[int, ...], str] = {}
         self._call_ends = {self.turn_end_id, *(tokenizer.convert_tokens_to_ids(t) for t in self.dialect.stop_strings
                                                if t in added)}
 
@@ -556,8 +557,10 @@ class DialectFormat(ChatTurnsFormat):
         parsed = self._parse_text(content, ended)
         if ended and parsed.tool_calls and action_ids[-1] not in self._call_ends and not parsed.closing_ids:
             parsed = dataclasses.replace(parsed, closing_ids=(self.turn_end_id,))
-        end_text = decode(self.tokenizer, [*action_ids[-1:], *parsed.closing_ids] if ended else
-                          list(parsed.closing_ids))
+        end_ids = (*action_ids[-1:], *parsed.closing_ids) if ended else parsed.closing_ids
+        end_text = self._end_texts.get(end_ids)
+        if end_text is None:  # a few end tokens per format: decoded once each
+            end_text = self._end_texts[end_ids] = decode(self.tokenizer, list(end_ids))
         return dataclasses.replace(parsed, text=text, content=content, end_text=end_text)
 
     def _parse_text(self, text: str, ended: bool) -> ParsedAction:
