@@ -2,15 +2,17 @@
 tokenize=False)` gives, without the work it repeats on every call.
 
 Every tool call renders the episode's whole conversation (`retool_env.chat.Conversation`), and in transformers
-most of that render's cost is not the template's own work: each call converts and copies every message, the tools
-and the special tokens, and the Jinja sandbox re-checks each attribute access, raising an `AttributeError` for
-every `message.role` before reading the item. `ChatRenderer` renders transformers' own compiled template with the
-same inputs, prepared the same way: a message of plain strings by dropping its `None` values (what transformers'
-converters do to it), any other message by those converters themselves; the tools and the template variables
-(special tokens, `chat_template_kwargs`) once. Its sandbox is an overlay of transformers' one whose attribute checks
-are remembered per (type, name), the only things jinja's immutable sandbox decides them on, and which reads the items
-of a plain `dict` without the failed attribute lookup first (as the sandbox does after it): the same decisions, the
-same text.
+about half of that render's cost is not the template's own work: each call converts and copies every message, the
+tools and the special tokens, and the Jinja sandbox re-checks each attribute access (raising an `AttributeError` for
+every `message.role` before reading the item). `ChatRenderer` renders transformers' own compiled template with the
+same inputs, prepared the same way: a message of plain JSON data by a copy without its `None` values (what
+transformers' converters make of it), any other message by those converters themselves; the tools and the template
+variables (special tokens, `chat_template_kwargs`) once, when a renderer first renders. It renders in an overlay of
+transformers' sandbox that decides alike, faster: attribute checks remembered per (type, name), the only things jinja's
+immutable sandbox decides them on; the items of a plain `dict` read without the failed attribute lookup first (as the
+sandbox does after it); builtin methods (`content.startswith`) called as jinja's `Context.call` calls them; the
+tools' `tojson` written once for the one frozen copy of each tool list (no template can change it: the sandbox is
+immutable). Same decisions, same text.
 
 The fast path is taken only for a Hugging Face tokenizer whose `apply_chat_template` is transformers' own, with a
 transformers that has the converters used here (5.20 and later). The first renders of each (tokenizer, template,
