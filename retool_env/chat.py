@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from retool_env.chat_render import ChatRenderer
-from retool_env.tokens import Tokenizer, encode, encode_text, has_added_token_text
+from retool_env.tokens import Tokenizer, encode_pieces, encode_text, has_added_token_text
 
 __all__ = ["Conversation", "NextContext", "chat_template_names", "resolve_chat_template", "with_chat_template"]
 
@@ -179,7 +179,7 @@ class Conversation:
         text: interpreter output that spells a special token stays characters. When none of the `untrusted`
         messages could spell one (the usual case), that is the plain encoding of the text."""
         if not any(has_added_token_text(self.tokenizer, str(m.get("content", ""))) for m in untrusted):
-            return encode(self.tokenizer, text[start:])
+            return encode_pieces(self.tokenizer, text[start:])
         segments = self._segments(messages, text)
         if segments is None:  # the template changes tool results beyond recognition: split everything
             warnings.warn("the chat template changes tool results in a way the environment cannot locate, so the "
@@ -190,7 +190,7 @@ class Conversation:
             cut = piece[max(0, start - offset):]
             offset += len(piece)
             if cut:
-                ids.extend(encode(self.tokenizer, cut) if trusted else encode_text(self.tokenizer, cut))
+                ids.extend(encode_pieces(self.tokenizer, cut) if trusted else encode_text(self.tokenizer, cut))
         return ids
 
     def _segments(self, messages: list[dict[str, Any]], text: str) -> list[tuple[str, bool]] | None:
