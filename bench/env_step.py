@@ -39,10 +39,14 @@ VLLM_TOKENS_PER_S = 5000
 
 
 class InstantSandbox(Sandbox):
-    """Answers every call at once, so the benchmark sees only the environment's own cost."""
+    """Answers every call at once, so the benchmark sees only the environment's own cost; each answer a new number,
+    as real outputs differ (nothing remembered from an earlier step's output helps)."""
+
+    calls = 0
 
     async def _run(self, code, *, timeout, session, stdin, memory_mb) -> ExecResult:
-        return ExecResult(status="ok", stdout="56088\n", exit_code=0)
+        InstantSandbox.calls += 1
+        return ExecResult(status="ok", stdout=f"{56088 + InstantSandbox.calls}\n", exit_code=0)
 
 
 def action_of(tok, n_tokens: int, tail: str, think: bool = False) -> list[int]:
