@@ -36,8 +36,9 @@ from retool_env.tokens import Tokenizer
 
 __all__ = ["ChatRenderer"]
 
-VERIFIED_RENDERS = 3
-"""Renders of each (tokenizer, template, tools, options) checked against `apply_chat_template` before trusting."""
+VERIFIED_RENDERS = 8
+"""Renders of each (tokenizer, template, tools, options) checked against `apply_chat_template` before trusting the
+fast path alone: the first episode's prompt and tool turns (a few renders per process)."""
 
 _MEMO_LIMIT = 4096  # attribute decisions remembered per template (names come from the template's source)
 
