@@ -12,7 +12,8 @@ cold-start data replays through the environment and adapters hand to their frame
 
 A new format (a tool-call dialect) subclasses `ToolFormat` and implements `_parse_text` (the turn's content after
 its reasoning, see `retool_env.reasoning`, to a `ParsedAction`), `observation_ids` and `call_text`; for results as
-chat turns (`tool_turns = True`) also `tool_messages` and `turn_end`/`turn_end_id`. Every parser here reads hostile
+chat turns it subclasses `ChatTurnsFormat` (the tool, the template's render) and sets `tool_messages` and
+`turn_end`/`turn_end_id`. Every parser here reads hostile
 text: linear time (`str.find` scans, no backtracking pattern over the whole turn), bounded nesting, and a malformed
 call becomes a `ToolCall` whose `error` tells the model what was wrong. Observations encode interpreter output with
 `retool_env.tokens.encode_text`, so it never becomes a special token.
