@@ -39,10 +39,14 @@ VLLM_TOKENS_PER_S = 5000
 
 
 class InstantSandbox(Sandbox):
-    """Answers every call at once, so the benchmark sees only the environment's own cost."""
+    """Answers every call at once, so the benchmark sees only the environment's own cost; each answer a new number,
+    as real outputs differ (nothing remembered from an earlier step's output helps)."""
+
+    calls = 0
 
     async def _run(self, code, *, timeout, session, stdin, memory_mb) -> ExecResult:
-        return ExecResult(status="ok", stdout="56088\n", exit_code=0)
+        InstantSandbox.calls += 1
+        return ExecResult(status="ok", stdout=f"{56088 + InstantSandbox.calls}\n", exit_code=0)
 
 
 def action_of(tok, n_tokens: int, tail: str, think: bool = False) -> list[int]:
@@ -167,6 +171,17 @@ def dialect_rows(base, dialects: list[str], sizes: tuple[int, ...], repeats: int
     return rows
 
 
+def _code() -> str:
+    """Which checkout ran (side-by-side runs put another one first on PYTHONPATH)."""
+    import subprocess
+
+    import retool_env
+
+    root = Path(retool_env.__file__).resolve().parent.parent
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return f"{root} {head.stdout.strip()}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=30)
@@ -184,7 +199,7 @@ def main() -> None:
                             tuple(int(n) for n in args.dialect_tokens.split(",")), args.repeats)
     if args.skip_regular:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"machine": platform.platform(), "hostile": hostile,
+        Path(args.out).write_text(json.dumps({"machine": platform.platform(), "code": _code(), "hostile": hostile,
                                               "dialects": dialects, "repeats": args.repeats}, indent=2))
         return
     call = '<tool_call>\n{"name": "code_interpreter", "arguments": {"code": "print(123 * 456)"}}\n</tool_call>'
@@ -208,7 +223,8 @@ def main() -> None:
         print(f"{r['template']:<14} {r['tokens']:>7} {r['turn']:<13} {r['step_us']:>10.1f} "
               f"{r['vllm_generate_us']:>20} {r['share_pct']:>6.2f}%")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"machine": platform.platform(), "processor": platform.processor(),
+    Path(args.out).write_text(json.dumps({"machine": platform.platform(), "code": _code(),
+                                          "processor": platform.processor(),
                                           "repeats": args.repeats, "rows": rows, "hostile": hostile,
                                           "dialects": dialects}, indent=2))
 

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from retool_env.tokens import Tokenizer, encode, encode_text, has_added_token_text
+from retool_env.chat_render import ChatRenderer
+from retool_env.tokens import Tokenizer, encode_pieces, encode_text, has_added_token_text
 
 __all__ = ["Conversation", "NextContext", "chat_template_names", "resolve_chat_template", "with_chat_template"]
 
@@ -92,6 +93,7 @@ class Conversation:
         self.tools = tools
         self.turn_end = turn_end
         self.chat_template_kwargs = dict(chat_template_kwargs or {})  # e.g. enable_thinking, in every render
+        self.renderer = ChatRenderer(tokenizer, tools, self.chat_template_kwargs)
         self.messages = list(messages)
         self.text = self.render(self.messages)  # the context of the next generation, as text
         self.reasoning_field: bool | None = None  # see assistant_message
@@ -101,9 +103,8 @@ class Conversation:
         self._tool_marker = f"\x00retool-env-tool-{nonce}-{{}}\x00"
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        return self.tokenizer.apply_chat_template(messages, tools=self.tools, tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt,
-                                                  **self.chat_template_kwargs)
+        """The template's text for `messages` (`apply_chat_template(..., tokenize=False)`'s, see `ChatRenderer`)."""
+        return self.renderer.render(messages, add_generation_prompt)
 
     def call_message(self, model_text: str, tool_message: dict[str, Any] | None, split: bool | None
                      ) -> dict[str, Any]:
@@ -178,7 +179,7 @@ class Conversation:
         text: interpreter output that spells a special token stays characters. When none of the `untrusted`
         messages could spell one (the usual case), that is the plain encoding of the text."""
         if not any(has_added_token_text(self.tokenizer, str(m.get("content", ""))) for m in untrusted):
-            return encode(self.tokenizer, text[start:])
+            return encode_pieces(self.tokenizer, text[start:])
         segments = self._segments(messages, text)
         if segments is None:  # the template changes tool results beyond recognition: split everything
             warnings.warn("the chat template changes tool results in a way the environment cannot locate, so the "
@@ -189,7 +190,7 @@ class Conversation:
             cut = piece[max(0, start - offset):]
             offset += len(piece)
             if cut:
-                ids.extend(encode(self.tokenizer, cut) if trusted else encode_text(self.tokenizer, cut))
+                ids.extend(encode_pieces(self.tokenizer, cut) if trusted else encode_text(self.tokenizer, cut))
         return ids
 
     def _segments(self, messages: list[dict[str, Any]], text: str) -> list[tuple[str, bool]] | None:

@@ -308,6 +308,11 @@ class ToolEnvironment(gym.Env):
         if isinstance(action, (str, bytes)):
             raise TypeError(f"an action is the token ids the policy generated, not text ({action[:40]!r}...): pass "
                             "tokenizer.encode(text, add_special_tokens=False), or use an adapter that takes text")
+        if type(action) is list and all(type(i) is int for i in action):  # the usual action: no array needed
+            if action and (min(action) < 0 or max(action) >= self.vocab_size):
+                raise ValueError(f"action token ids must lie in [0, {self.vocab_size}); got {min(action)}.."
+                                 f"{max(action)}")
+            return list(action), (None if logprobs is None else [float(x) for x in logprobs]), finish_reason
         ids = np.asarray(action)
         if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
             raise ValueError(f"an action is a 1-D sequence of token ids, got shape {ids.shape} dtype {ids.dtype}")

@@ -12,7 +12,8 @@ cold-start data replays through the environment and adapters hand to their frame
 
 A new format (a tool-call dialect) subclasses `ToolFormat` and implements `_parse_text` (the turn's content after
 its reasoning, see `retool_env.reasoning`, to a `ParsedAction`), `observation_ids` and `call_text`; for results as
-chat turns (`tool_turns = True`) also `tool_messages` and `turn_end`/`turn_end_id`. Every parser here reads hostile
+chat turns it subclasses `ChatTurnsFormat` (the tool, the template's render) and sets `tool_messages` and
+`turn_end`/`turn_end_id`. Every parser here reads hostile
 text: linear time (`str.find` scans, no backtracking pattern over the whole turn), bounded nesting, and a malformed
 call becomes a `ToolCall` whose `error` tells the model what was wrong. Observations encode interpreter output with
 `retool_env.tokens.encode_text`, so it never becomes a special token.
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from retool_env.chat import Conversation
+from retool_env.chat_render import ChatRenderer
 from retool_env.dialects import (
     DIALECTS,
     Dialect,
@@ -310,15 +312,31 @@ def tool_call_blocks(text: str, open_tag: str = "<tool_call>", close_tag: str = 
     return blocks, False
 
 
-class HermesFormat(ToolFormat):
-    """Qwen-style `<tool_call>` JSON calls; results as `tool` turns rendered by the tokenizer's chat template."""
+class ChatTurnsFormat(ToolFormat):
+    """A format whose tool results are chat turns the tokenizer's chat template renders (`tool` messages), the
+    code interpreter advertised as the one tool: what `HermesFormat` and every `DialectFormat` share."""
 
-    name = "hermes"
-    dialect: Dialect = get_dialect("hermes")
     default_prompt = "slime"
     call_glue = "\n"
     call_ends_turn = True
     tool_turns = True
+    chat_template_kwargs: dict[str, Any]
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        return [CODE_INTERPRETER_TOOL]
+
+    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+        """The chat template's text of `messages`, with the tool and the template options of every render."""
+        return ChatRenderer(self.tokenizer, self.tools, self.chat_template_kwargs).render(messages,
+                                                                                           add_generation_prompt)
+
+
+class HermesFormat(ChatTurnsFormat):
+    """Qwen-style `<tool_call>` JSON calls; results as `tool` turns rendered by the tokenizer's chat template."""
+
+    name = "hermes"
+    dialect: Dialect = get_dialect("hermes")
     _DUMMY = "<<retool-env-dummy>>"
 
     def __init__(self, tokenizer: Tokenizer, chat_template_kwargs: dict[str, Any] | None = None) -> None:
@@ -341,15 +359,6 @@ class HermesFormat(ToolFormat):
         self.shape = tool_call_shape(tokenizer.chat_template, "hermes")  # how the template reads `tool_calls`
         if not renders_tools(tokenizer.chat_template):  # e.g. DeepSeek-R1-Distill: the prompt must show the tool
             self.system_prompt = tool_system_prompt("hermes", [CODE_INTERPRETER_TOOL])
-
-    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tools=[CODE_INTERPRETER_TOOL], tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt,
-                                                  **self.chat_template_kwargs)
-
-    @property
-    def tools(self) -> list[dict[str, Any]]:
-        return [CODE_INTERPRETER_TOOL]
 
     def _parse_text(self, text: str, ended: bool) -> ParsedAction:
         blocks, unclosed = tool_call_blocks(text)
@@ -486,7 +495,7 @@ class ReToolFormat(ToolFormat):
         return f"<answer>\n{answer}\n</answer>"
 
 
-class DialectFormat(ToolFormat):
+class DialectFormat(ChatTurnsFormat):
     """Tool calls in one of `retool_env.dialects` (qwen3_coder XML, gpt-oss harmony, Llama 3 JSON, GLM-4.5, ...),
     results as `tool` turns rendered by the tokenizer's chat template.
 
@@ -496,10 +505,6 @@ class DialectFormat(ToolFormat):
     (`retool_env.chat.Conversation`), whatever role (`tool`, `ipython`) and grouping the template uses. A template
     that does not render `tools` gets them in the system prompt (`system_prompt`, from `tool_system_prompt`)."""
 
-    default_prompt = "slime"
-    call_glue = "\n"
-    call_ends_turn = True
-    tool_turns = True
     dialect: Dialect
 
     def __init__(self, tokenizer: Tokenizer, chat_template_kwargs: dict[str, Any] | None = None) -> None:
@@ -535,17 +540,9 @@ class DialectFormat(ToolFormat):
         self.turn_end_id: int = self.encode(turn_end)[0]
         if self.turn_end_id not in self.end_token_ids:
             self.end_token_ids.append(self.turn_end_id)
+        self._end_texts: dict[tuple[int, ...], str] = {}
         self._call_ends = {self.turn_end_id, *(tokenizer.convert_tokens_to_ids(t) for t in self.dialect.stop_strings
                                                if t in added)}
-
-    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tools=[CODE_INTERPRETER_TOOL], tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt,
-                                                  **self.chat_template_kwargs)
-
-    @property
-    def tools(self) -> list[dict[str, Any]]:
-        return [CODE_INTERPRETER_TOOL]
 
     @property
     def stop_strings(self) -> list[str]:
@@ -561,8 +558,10 @@ class DialectFormat(ToolFormat):
         parsed = self._parse_text(content, ended)
         if ended and parsed.tool_calls and action_ids[-1] not in self._call_ends and not parsed.closing_ids:
             parsed = dataclasses.replace(parsed, closing_ids=(self.turn_end_id,))
-        end_text = decode(self.tokenizer, [*action_ids[-1:], *parsed.closing_ids] if ended else
-                          list(parsed.closing_ids))
+        end_ids = (*action_ids[-1:], *parsed.closing_ids) if ended else parsed.closing_ids
+        end_text = self._end_texts.get(end_ids)
+        if end_text is None:  # a few end tokens per format: decoded once each
+            end_text = self._end_texts[end_ids] = decode(self.tokenizer, list(end_ids))
         return dataclasses.replace(parsed, text=text, content=content, end_text=end_text)
 
     def _parse_text(self, text: str, ended: bool) -> ParsedAction:
@@ -676,7 +675,7 @@ def make_format(tool_format: str | ToolFormat, tokenizer: Tokenizer,
     if isinstance(tool_format, ToolFormat):
         return tool_format
     cls = format_class(resolve_tool_format(tool_format, tokenizer))
-    if issubclass(cls, (HermesFormat, DialectFormat)):
+    if issubclass(cls, ChatTurnsFormat):
         return cls(tokenizer, chat_template_kwargs)
     return cls(tokenizer)
 

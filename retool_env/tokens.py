@@ -73,6 +73,65 @@ def encode(tokenizer: Tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
+_PIECES_LIMIT = 4096  # pieces remembered per tokenizer (the template's own repeat; the rest is encoded each time)
+_piece_caches: weakref.WeakKeyDictionary[Any, tuple[re.Pattern[str], dict[str, int], dict[str, list[int]]] | None] = (
+    weakref.WeakKeyDictionary())
+
+
+def _piece_cache(tokenizer: Tokenizer) -> tuple[re.Pattern[str], dict[str, int], dict[str, list[int]]] | None:
+    """What `encode_pieces` needs of a Rust tokenizer that splits text at added tokens and encodes each piece on its
+    own (no added token strips spaces or matches whole words only or after normalization, no prefix that only the
+    first piece gets); None for any other."""
+    try:
+        return _piece_caches[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    found = None
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    decoder = getattr(backend, "get_added_tokens_decoder", None)
+    pattern = added_token_pattern(tokenizer)
+    if callable(decoder) and pattern is not None and not getattr(backend, "encode_special_tokens", False):
+        added = decoder()
+        plain = all(not (t.single_word or t.lstrip or t.rstrip or t.normalized) for t in added.values())
+        ids = {t.content: i for i, t in added.items()}
+        texts = set(getattr(tokenizer, "all_special_tokens", None) or []) | set(tokenizer.get_added_vocab())
+        if plain and "Metaspace" not in repr(backend.pre_tokenizer) and texts == set(ids):
+            found = (pattern, ids, {})
+    with contextlib.suppress(TypeError):
+        _piece_caches[tokenizer] = found
+    return found
+
+
+def encode_pieces(tokenizer: Tokenizer, text: str) -> list[int]:
+    """`encode(tokenizer, text)`, with the pieces between added tokens remembered: what a chat template writes
+    around the tool results (`\n`, `user\n`, `assistant\n`...) is the same on every step. The Rust tokenizer
+    splits text at added tokens and encodes each piece on its own, so this is the same ids (where it does not,
+    see `_piece_cache`, this is `encode`)."""
+    cache = _piece_cache(tokenizer)
+    if cache is None:
+        return encode(tokenizer, text)
+    pattern, added, pieces = cache
+    ids: list[int] = []
+    position = 0
+    for match in pattern.finditer(text):
+        if match.start() > position:
+            ids += _piece(tokenizer, pieces, text[position : match.start()])
+        ids.append(added[match.group()])
+        position = match.end()
+    if position < len(text):
+        ids += _piece(tokenizer, pieces, text[position:])
+    return ids
+
+
+def _piece(tokenizer: Tokenizer, pieces: dict[str, list[int]], text: str) -> list[int]:
+    ids = pieces.get(text)
+    if ids is None:
+        ids = encode(tokenizer, text)
+        if len(pieces) < _PIECES_LIMIT and len(text) <= 64:
+            pieces[text] = ids
+    return ids
+
+
 def decode(tokenizer: Tokenizer, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
     """Text of token ids, exactly as the tokenizer's own `decode` gives it (see `encode` for why direct)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)

@@ -136,6 +136,8 @@ class ToolRunner:
                        fault_keys: Sequence[bytes] | None = None) -> list[ToolCallRecord]:
         """A turn's calls, run concurrently, their records in the order the model wrote them."""
         keys = list(fault_keys) if fault_keys is not None else [None] * len(calls)
+        if len(calls) == 1:  # the usual turn: awaited in place (a task per call costs more than a step's parsing)
+            return [await self.run(calls[0], session=session, turn=turn, fault_key=keys[0])]
         return list(await asyncio.gather(*(self.run(call, session=session, turn=turn, fault_key=key)
                                            for call, key in zip(calls, keys, strict=True))))
 

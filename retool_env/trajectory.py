@@ -175,8 +175,9 @@ class Trajectory:
 
     @property
     def num_tool_calls(self) -> int:
-        """Tool calls that ran code (invalid and skipped calls excluded): the k of the ReTool reward."""
-        return self.tool_stats().executed
+        """Tool calls that ran code (invalid and skipped calls excluded): the k of the ReTool reward (as
+        `tool_stats().executed` counts them; read on every step)."""
+        return sum(call.status not in NOT_RUN for call in self.tool_calls)
 
     @property
     def num_turns(self) -> int:

@@ -310,13 +310,14 @@ def test_fuzzed_hostile_actions_step_quickly_and_never_raise(qwen_tok, parts, to
 
 
 def test_token_helpers_sit_below_chat_and_formats():
-    """tokens <- chat <- formats: no import circle, no upward import (issue 27)."""
+    """tokens <- chat_render <- chat <- formats: no import circle, no upward import (issue 27)."""
     import subprocess
     import sys
 
-    code = ("import sys, retool_env.chat; loaded = {m for m in sys.modules if m.startswith('retool_env.')}; "
-            "assert loaded == {'retool_env.chat', 'retool_env.tokens'}, loaded")
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    for module, below in (("chat", {"chat_render", "tokens"}), ("chat_render", {"tokens"})):
+        code = (f"import sys, retool_env.{module}; loaded = {{m for m in sys.modules if m.startswith('retool_env.')}}; "
+                f"assert loaded == {{'retool_env.{module}', *{sorted('retool_env.' + m for m in below)}}}, loaded")
+        subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
     from retool_env import formats, tokens
 
     assert formats.encode is tokens.encode and formats.clip_tokens is tokens.clip_tokens  # old import paths work

@@ -1,0 +1,311 @@
+"""Chat template rendering on the step path: the text `tokenizer.apply_chat_template(messages, tools=...,
+tokenize=False)` gives, without the work it repeats on every call.
+
+Every tool call renders the episode's whole conversation (`retool_env.chat.Conversation`), and in transformers
+about half of that render's cost is not the template's own work: each call converts and copies every message, the
+tools and the special tokens, and the Jinja sandbox re-checks each attribute access (raising an `AttributeError` for
+every `message.role` before reading the item). `ChatRenderer` renders transformers' own compiled template with the
+same inputs, prepared the same way: a message of plain JSON data by a copy without its `None` values (what
+transformers' converters make of it), any other message by those converters themselves; the tools and the template
+variables (special tokens, `chat_template_kwargs`) once, when a renderer first renders. It renders in an overlay of
+transformers' sandbox that decides alike, faster: attribute checks remembered per (type, name), the only things jinja's
+immutable sandbox decides them on; the items of a plain `dict` read without the failed attribute lookup first (as the
+sandbox does after it); builtin methods (`content.startswith`) called as jinja's `Context.call` calls them; the
+tools' `tojson` written once for the one frozen copy of each tool list (no template can change it: the sandbox is
+immutable). Same decisions, same text.
+
+The fast path is taken only for a Hugging Face tokenizer whose `apply_chat_template` is transformers' own, with a
+transformers that has the converters used here (5.20 and later). The first renders of each (tokenizer, template,
+tools, options) are compared with `apply_chat_template`; any difference turns the fast path off for them, with a
+warning. A render the fast path cannot do (it raises) is done by `apply_chat_template`, so errors are transformers'.
+Any other tokenizer (the `retool_env.tokens.Tokenizer` protocol) renders through its own `apply_chat_template`.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+import warnings
+import weakref
+from dataclasses import dataclass
+from types import BuiltinMethodType
+from typing import Any
+
+from retool_env.tokens import Tokenizer
+
+__all__ = ["ChatRenderer"]
+
+VERIFIED_RENDERS = 8
+"""Renders of each (tokenizer, template, tools, options) checked against `apply_chat_template` before trusting the
+fast path alone: the first episode's prompt and tool turns (a few renders per process)."""
+
+_MEMO_LIMIT = 4096  # attribute decisions remembered per template (names come from the template's source)
+
+# tokenizer -> {(template, tools, options): renders found equal so far, or -1 when the fast path is off}
+_checks: weakref.WeakKeyDictionary[Any, dict[tuple[str, str, str], int]] = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class _Transformers:
+    """What the fast path uses of transformers (private helpers of its chat template module)."""
+
+    base_class: type
+    compile: Any
+    normalize: Any
+    plain: Any
+    alias: Any
+
+
+_found: list[_Transformers] = []
+
+
+def _transformers_parts() -> _Transformers | None:
+    """transformers' chat template helpers, when transformers is loaded and has those the fast path uses."""
+    if _found:
+        return _found[0]
+    if "transformers" not in sys.modules:  # a tokenizer that is not transformers' needs none of it
+        return None
+    try:
+        from transformers import PreTrainedTokenizerBase
+        from transformers.utils import chat_template_utils as utils
+    except ImportError:
+        return None
+    names = ("_compile_jinja_template", "_normalize_chat_messages", "_plain_template_data", "_alias_reasoning_fields")
+    helpers = [getattr(utils, name, None) for name in names]
+    if not all(callable(helper) for helper in helpers):
+        return None
+    _found.append(_Transformers(PreTrainedTokenizerBase, *helpers))
+    return _found[0]
+
+
+@functools.cache
+def _apply_parameters() -> frozenset[str]:
+    """The names `apply_chat_template` takes itself: template options with one of them go its own way."""
+    parts = _transformers_parts()
+    return frozenset(inspect.signature(parts.base_class.apply_chat_template).parameters) if parts else frozenset()
+
+
+@functools.lru_cache(maxsize=64)
+def _fast_template(template: str) -> Any:
+    """transformers' compiled template, recompiled in an overlay of its sandbox whose attribute checks are
+    remembered (see the module docstring); transformers' own when its sandbox is not jinja's immutable one."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    parts = _transformers_parts()
+    assert parts is not None, "only called when the fast path is available"
+    compiled = parts.compile(template)
+    base = compiled.environment
+    if type(base) is not ImmutableSandboxedEnvironment:
+        return compiled
+    env = base.overlay()
+    check, decided = env.is_safe_attribute, {}
+
+    def is_safe_attribute(obj: Any, attr: str, value: Any) -> bool:
+        key = (type(obj), attr)
+        safe = decided.get(key)
+        if safe is None:
+            safe = check(obj, attr, value)
+            if len(decided) < _MEMO_LIMIT:
+                decided[key] = safe
+        return safe
+
+    sandbox_getattr, dict_names = env.getattr, frozenset(dir(dict))
+
+    def getattr_(obj: Any, attribute: str) -> Any:
+        # A plain dict has no attribute but its class's: the sandbox's lookup fails, then reads the item.
+        if type(obj) is dict and attribute not in dict_names:
+            try:
+                return obj[attribute]
+            except (TypeError, LookupError):
+                return env.undefined(obj=obj, name=attribute)
+        return sandbox_getattr(obj, attribute)
+
+    sandbox_call = env.call
+
+    def call(__context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        # A builtin method (`content.startswith`) passed the attribute checks to be reached, can carry no unsafe
+        # or pass-context mark, and is called as jinja's `Context.call` calls it.
+        if type(__obj) is BuiltinMethodType:
+            kwargs.pop("_block_vars", None)
+            kwargs.pop("_loop_vars", None)
+            try:
+                return __obj(*args, **kwargs)
+            except StopIteration:
+                return env.undefined("value was undefined because a callable raised a StopIteration exception")
+        return sandbox_call(__context, __obj, *args, **kwargs)
+
+    tojson = env.filters.get("tojson")
+
+    def frozen_tojson(value: Any, *args: Any, **kwargs: Any) -> Any:
+        # The tools' JSON (`tools | tojson`, on every render) written once per options for the frozen copy.
+        texts = _frozen_json.get(id(value))
+        if texts is None or texts[0] is not value:
+            return tojson(value, *args, **kwargs)
+        key = (args, tuple(sorted(kwargs.items())))
+        try:
+            return texts[1][key]
+        except KeyError:
+            text = texts[1][key] = tojson(value, *args, **kwargs)
+            return text
+        except TypeError:  # unhashable options
+            return tojson(value, *args, **kwargs)
+
+    env.is_safe_attribute = is_safe_attribute  # type: ignore[method-assign]
+    env.getattr = getattr_  # type: ignore[method-assign]
+    env.call = call  # type: ignore[method-assign]
+    if callable(tojson):
+        env.filters = {**env.filters, "tojson": frozen_tojson}  # the overlay's own filters, transformers' untouched
+    return env.from_string(template)
+
+
+# The plain copy of each tool list (by its repr), shared by every render: no template can change it (the sandbox
+# is immutable) and nothing else holds it, so its JSON is written once (`_frozen_json`: id -> (object, texts)).
+_frozen_tools: dict[str, Any] = {}
+_frozen_json: dict[int, tuple[Any, dict[Any, str]]] = {}
+_FROZEN_LIMIT = 64
+
+
+def _frozen(tools: Any) -> Any:
+    """The one frozen copy of these plain tools (or `tools` itself once many distinct lists were seen)."""
+    key = repr(tools)
+    if key in _frozen_tools:
+        return _frozen_tools[key]
+    if tools is None or len(_frozen_tools) >= _FROZEN_LIMIT:
+        return tools
+    _frozen_tools[key] = tools
+    for value in [tools, *(tools if isinstance(tools, (list, tuple)) else [])]:
+        _frozen_json[id(value)] = (value, {})
+    return tools
+
+
+def _key(value: Any) -> str:
+    return repr(value)
+
+
+class ChatRenderer:
+    """Renders conversations through a tokenizer's chat template with fixed tools and template options: the text
+    `tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=...,
+    **chat_template_kwargs)` gives, fast for a Hugging Face tokenizer (see the module docstring)."""
+
+    def __init__(self, tokenizer: Tokenizer, tools: list[dict[str, Any]] | None = None,
+                 chat_template_kwargs: dict[str, Any] | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.tools = tools
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self._source: Any = None  # the tokenizer's chat_template the fast path was prepared for
+        self._prepared: tuple[Any, Any, dict[str, Any], tuple[str, str, str]] | None = None
+        self._tools_seen: Any = None
+        self._own_checks: dict[tuple[str, str, str], int] = {}
+
+    def slow_render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        """The rendering by the tokenizer's own `apply_chat_template`."""
+        return self.tokenizer.apply_chat_template(messages, tools=self.tools, tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt,
+                                                  **self.chat_template_kwargs)
+
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        """The template's text for `messages`: `fast_render`'s once its first renders matched `slow_render`'s."""
+        prepared = self._prepare()
+        if prepared is None:
+            return self.slow_render(messages, add_generation_prompt)
+        try:
+            checks = _checks.setdefault(self.tokenizer, {})
+        except TypeError:  # a tokenizer that cannot be weakly referenced: its renderers check on their own
+            checks = self._own_checks
+        verified = checks.get(prepared[3], 0)
+        if verified < 0:
+            return self.slow_render(messages, add_generation_prompt)
+        try:
+            text = self._fast(prepared, messages, add_generation_prompt)
+        except Exception:  # the template refuses these messages: transformers says so in its words
+            return self.slow_render(messages, add_generation_prompt)
+        if verified < VERIFIED_RENDERS:
+            expected = self.slow_render(messages, add_generation_prompt)
+            if text != expected:
+                checks[prepared[3]] = -1
+                warnings.warn("the fast chat template rendering differs from apply_chat_template for this tokenizer "
+                              "(another transformers version?); rendering through apply_chat_template",
+                              stacklevel=2)
+                return expected
+            checks[prepared[3]] = verified + 1
+        return text
+
+    def fast_render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str | None:
+        """The fast path's text for `messages`, unchecked; None for a tokenizer it does not serve."""
+        prepared = self._prepare()
+        return None if prepared is None else self._fast(prepared, messages, add_generation_prompt)
+
+    @staticmethod
+    def _fast(prepared: tuple[Any, Any, dict[str, Any], Any], messages: list[dict[str, Any]],
+              add_generation_prompt: bool) -> str:
+        if not messages:
+            raise ValueError("no messages")  # apply_chat_template's own error follows
+        template, tools, variables, _ = prepared
+        return template.render(messages=_template_messages(messages), tools=tools, documents=None,
+                               add_generation_prompt=add_generation_prompt, **variables)
+
+    def _prepare(self) -> tuple[Any, Any, dict[str, Any], tuple[str, str, str]] | None:
+        """The compiled template, tools and template variables of the fast path, or None where it is not taken."""
+        tokenizer = self.tokenizer
+        source = getattr(tokenizer, "chat_template", None)
+        if source is self._source and self.tools is self._tools_seen:
+            return self._prepared
+        self._source, self._tools_seen, self._prepared = source, self.tools, None
+        parts = _transformers_parts()
+        if (parts is None or not isinstance(tokenizer, parts.base_class)
+                or type(tokenizer).apply_chat_template is not parts.base_class.apply_chat_template
+                or not set(self.chat_template_kwargs).isdisjoint(_apply_parameters())
+                or (self.tools is not None and not all(isinstance(t, dict) for t in self.tools))):
+            return None
+        try:
+            template = tokenizer.get_chat_template(None, self.tools)
+            variables = parts.plain({**tokenizer.special_tokens_map, **self.chat_template_kwargs})
+            tools = _frozen(parts.plain(list(self.tools) if self.tools is not None else None))
+            key = (template, _key(tools), _key(variables))
+            self._prepared = (_fast_template(template), tools, variables, key)
+        except Exception:  # no template, or one that does not compile: apply_chat_template raises its own error
+            return None
+        return self._prepared
+
+
+
+def _template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages as transformers hands them to the template: plain data, `None` values dropped, reasoning under
+    each of its names."""
+    parts = _found[0]
+    prepared = []
+    for message in messages:
+        plain = _plain_json(message) if type(message) is dict else _NOT_PLAIN
+        if plain is _NOT_PLAIN:  # objects, subclasses, media: transformers' own converters
+            plain = parts.plain(parts.normalize([message]))[0]
+        else:
+            plain = {key: value for key, value in plain.items() if value is not None}
+        prepared.append(plain)
+    return parts.alias(prepared)
+
+
+_NOT_PLAIN = object()
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _plain_json(value: Any, depth: int = 0) -> Any:
+    """A copy of JSON data built of exact dicts, lists and scalars (what transformers' converters make of it), or
+    `_NOT_PLAIN` for anything else."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if depth > 32:
+        return _NOT_PLAIN
+    if kind is dict:
+        copied = {}
+        for key, item in value.items():
+            item = _plain_json(item, depth + 1)
+            if type(key) is not str or item is _NOT_PLAIN:
+                return _NOT_PLAIN
+            copied[key] = item
+        return copied
+    if kind is list:
+        items = [_plain_json(item, depth + 1) for item in value]
+        return _NOT_PLAIN if any(item is _NOT_PLAIN for item in items) else items
+    return _NOT_PLAIN
