@@ -125,8 +125,9 @@ def _fast_template(template: str) -> Any:
 
     def call(__context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
         # A builtin method (`content.startswith`) passed the attribute checks to be reached, can carry no unsafe
-        # or pass-context mark, and is called as jinja's `Context.call` calls it.
-        if type(__obj) is BuiltinMethodType:
+        # or pass-context mark, and is called as jinja's `Context.call` calls it; `str.format` and `format_map`
+        # always go through the sandbox (jinja before 3.1.5 gives them its safe formatter there, not at access).
+        if type(__obj) is BuiltinMethodType and __obj.__name__ not in ("format", "format_map"):
             kwargs.pop("_block_vars", None)
             kwargs.pop("_loop_vars", None)
             try:

@@ -174,6 +174,8 @@ def test_an_episode_with_a_tokenizer_outside_the_fast_path_steps_the_same():
     "{% for k, v in messages[0].items() %}{{ k }}={{ v }};{% endfor %}{{ messages[0]['content'] }}",
     "{{ tools[0].function.name }} {{ tools[0]['function'].parameters.required | tojson }} {{ eos_token }}",
     "{{ messages[0].content.upper() }} {{ '{0}'.format(messages[0].role) }} {{ messages | length }}",
+    "{{ '{0.__class__.__mro__}'.format(messages) }}",  # str.format goes through the sandbox's safe formatter
+    "{{ '{x.__class__}'.format_map({'x': messages}) }}",
 ])
 def test_the_sandbox_decides_alike(template):
     """What the memoized sandbox lets a template do (and refuses) is what transformers' sandbox does."""
