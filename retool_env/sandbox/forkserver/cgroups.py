@@ -32,8 +32,12 @@ def _own_group(controller: str) -> str | None:
 
 
 def _write(path: str, value: str) -> None:
-    with open(path, "w") as f:
-        f.write(value)
+    """One write(2), as cgroupfs expects; bare system calls, as a freshly forked child joins its group with it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
 
 
 def _remove_stale(base: str) -> None:

@@ -80,7 +80,7 @@ class Zygote:
             memory_mb=config.memory_mb, file_size_mb=config.file_size_mb, open_files=config.open_files,
             tmp_mb=config.tmp_mb, shm_mb=config.shm_mb, processes=config.processes,
         )  # fmt: skip
-        filters = (seccomp.build_template(allow_fork=False), seccomp.build_template(allow_fork=True))
+        filters = (seccomp.Template(allow_fork=False), seccomp.Template(allow_fork=True))
         self.layers = confine.Layers(userns=config.use_userns, uid=None, seccomp=config.use_seccomp, filters=filters)
         self.missing: dict[str, str] = {}
 
