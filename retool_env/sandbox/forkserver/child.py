@@ -81,7 +81,7 @@ def warm_up_cell() -> None:
         status, _ = cell.run_cell(_REHEARSAL, _fresh_namespace(), echo=True, traceback_lines=1)
         buffer.set_status(status)
     finally:
-        captured = sys.stdout, sys.stderr
+        captured: tuple[Any, ...] = sys.stdout, sys.stderr
         sys.stdin, sys.stdout, sys.stderr = streams
         for stream in captured:
             with contextlib.suppress(Exception):

@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-import _signal  # signal.signal without its enum wrapping, which costs a fresh child dozens of copied pages
+import _signal  # type: ignore[import-not-found]  # signal.signal without its enum wrapping (see prepare)
 import contextlib
 import ctypes
 import functools
@@ -31,6 +31,9 @@ _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 _MB = 1 << 20
 
 
+FilterTemplate = seccomp.Template
+
+
 @dataclass(frozen=True)
 class Layers:
     """Which layers the server applies to every child; decided once at start (`Zygote.decide_layers`)."""
@@ -39,7 +42,7 @@ class Layers:
     uid: int | None = None  # None: keep the server's uid (an unprivileged server cannot give each call its own)
     seccomp: bool = True
     cgroup: CallGroup | None = None
-    filters: tuple[seccomp.Template, seccomp.Template] | None = None  # (single-use, session), built before the fork
+    filters: tuple[FilterTemplate, FilterTemplate] | None = None  # (single-use, session), built before the fork
 
 
 @dataclass(frozen=True)
@@ -169,6 +172,7 @@ def prepare(*, parent: int, keep: tuple[int, ...], layers: Layers, limits: Limit
     if os.getppid() != parent:
         os._exit(0)
     signal.set_wakeup_fd(-1)
+    # _signal.signal: signal.signal's enum conversions would touch dozens of the zygote's pages, each one copied.
     for sig in _DEFAULT_SIGNALS:
         _signal.signal(sig, _SIG_DFL)
     _signal.signal(_SIGXFSZ, _SIG_IGN)  # past the file-size limit, writes fail with EFBIG instead

@@ -276,9 +276,16 @@ class Server:
         child.buffer.close()
 
     async def _refill(self) -> None:
+        """Fork what the pool lacks, all requests at once: the zygote forks a burst back to back (zygote.py)."""
         try:
             while len(self.pool) < self.config.prefork and not self.stopped.is_set():
-                self.pool.append(await self._fork(session=False))
+                wanted = self.config.prefork - len(self.pool)
+                forked = await asyncio.gather(*(self._fork(session=False) for _ in range(wanted)),
+                                              return_exceptions=True)
+                self.pool += [c for c in forked if isinstance(c, Child)]
+                failed = next((c for c in forked if isinstance(c, BaseException)), None)
+                if failed is not None:
+                    raise failed
         except OSError as exc:  # the next call forks on demand, and reports the failure if it persists
             print(f"sandbox server: prefork failed: {exc}", file=sys.stderr, flush=True)
         finally:
