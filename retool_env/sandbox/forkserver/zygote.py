@@ -352,7 +352,11 @@ class Zygote:
             else:
                 for fd in fds:
                     os.close(fd)
-        if forks:
+        if not alive:  # nobody left to run code in them
+            for _, _, fds in forks:
+                for fd in fds:
+                    os.close(fd)
+        elif forks:
             self.fork(forks)
         return alive
 
