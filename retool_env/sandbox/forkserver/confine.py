@@ -5,8 +5,12 @@
 3. an unprivileged uid of its own (when the server is root), never the server's;
 4. a user namespace and a mount namespace of its own: every inherited mount is locked (a later umount or remount
    cannot reveal or unlock it), and fresh, size-bounded tmpfs mounts at /tmp and /dev/shm, gone with the call;
-5. rlimits, a scrubbed environment, every capability dropped (effective, permitted, inheritable, ambient,
-   bounding), not dumpable (no ptrace, no /proc/<pid>/mem), no_new_privs and the seccomp allowlist.
+5. rlimits, a scrubbed environment (set once by the zygote), every capability dropped (effective, permitted,
+   inheritable, ambient, bounding), not dumpable (no ptrace, no /proc/<pid>/mem), no_new_privs and the seccomp
+   allowlist.
+
+Every Python object a fresh child touches costs it a page copied from the zygote, so these steps use bare system
+calls and structures built before the fork.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 _MB = 1 << 20
 
 
-FilterTemplate = seccomp.Template
+FilterTemplate = seccomp.Template  # named here: inside `Layers`, `seccomp` is the field
 
 
 @dataclass(frozen=True)

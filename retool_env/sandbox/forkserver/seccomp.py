@@ -216,22 +216,6 @@ class Template:
         _load_program(self.fprog)
 
 
-def build_template(*, allow_fork: bool) -> bytes:
-    """`build_filter` for a pid not yet known, made concrete by `for_pid`."""
-    return build_filter(_PID_SENTINEL, allow_fork=allow_fork)
-
-
-def for_pid(template: bytes, pid: int) -> bytes:
-    """The template with the sentinel replaced by `pid` (and its negation), instruction by instruction."""
-    swap = {_PID_SENTINEL: pid & 0xFFFFFFFF, -_PID_SENTINEL & 0xFFFFFFFF: -pid & 0xFFFFFFFF}
-    out = bytearray(template)
-    for offset in range(0, len(out), 8):
-        (k,) = _K.unpack_from(out, offset + 4)
-        if k in swap:
-            _K.pack_into(out, offset + 4, swap[k])
-    return bytes(out)
-
-
 @functools.cache
 def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
