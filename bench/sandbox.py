@@ -10,6 +10,11 @@ Rows with a `gap` pause each caller that long between its calls, as an RL loop d
 next turn: the server then has its next children forked and confined before the calls arrive, so the row measures a
 call itself; back-to-back rows (gap 0) measure how fast children can be made. The floor forks in every call either way.
 
+Each retool row also says where its CPU went, per call (from /proc, as root or as the sandbox's user): the server,
+the zygote (its forks), the children it reaped (confining, running, exiting), and this client; and the page faults
+of each (most are copy-on-write copies of the zygote's pages). These are CPU times, so they hold under load better
+than latencies do.
+
 Usage: `python bench/sandbox.py [--calls 64] [--baseline-calls 16] [--concurrency 1 4 16 64] [--gap-ms 0 25]`
 Prints a table and writes JSON to bench/results/.
 """
@@ -23,6 +28,7 @@ import itertools
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -97,13 +103,69 @@ async def _drive(call, concurrency: int, calls: int, gap: float = 0.0) -> dict:
     return {"latencies": latencies, "wall": time.perf_counter() - start}
 
 
+def _stat(pid: int) -> list[int]:
+    """minflt, cminflt, utime, stime, cutime, cstime (clock ticks) of a process."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return [int(fields[i]) for i in (7, 8, 11, 12, 13, 14)]
+
+
+def _server_and_zygote(sandbox: LocalSandbox) -> tuple[int, int] | None:
+    """(server, zygote): the zygote is the descendant with the most children (the pool), the server its parent."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{entry}/stat") as f:
+            parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            children.setdefault(parent, []).append(int(entry))
+    if sandbox.server_pid is None:
+        return None
+    level, depth = [sandbox.server_pid], 0
+    found: list[tuple[int, int, int, int]] = []  # (its children, depth, pid, parent)
+    while level:
+        depth += 1
+        found += [(len(children.get(c, [])), depth, c, pid) for pid in level for c in children.get(pid, [])]
+        level = [c for pid in level for c in children.get(pid, [])]
+    if not found:
+        return None
+    _, _, zygote, server = max(found)
+    return server, zygote
+
+
+def _cpu_snapshot(pids: tuple[int, int] | None) -> dict | None:
+    if pids is None:
+        return None
+    with contextlib.suppress(OSError):
+        server, zygote = _stat(pids[0]), _stat(pids[1])
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        tick = 1000 / os.sysconf("SC_CLK_TCK")
+        return {
+            "cpu_ms": {"server": (server[2] + server[3]) * tick, "zygote": (zygote[2] + zygote[3]) * tick,
+                       "children": (zygote[4] + zygote[5]) * tick, "client": (usage.ru_utime + usage.ru_stime) * 1e3},
+            "faults": {"server": server[0], "zygote": zygote[0], "children": zygote[1]},
+        }  # fmt: skip
+    return None
+
+
+def _per_call(before: dict | None, after: dict | None, calls: int) -> dict | None:
+    if before is None or after is None:
+        return None
+    out = {kind: {k: round((after[kind][k] - before[kind][k]) / calls, 2) for k in before[kind]} for kind in before}
+    out["cpu_ms"]["total"] = round(sum(out["cpu_ms"].values()), 2)
+    return out
+
+
 async def bench_retool(sandbox: LocalSandbox, code: str, concurrency: int, calls: int, gap: float = 0.0) -> dict:
     async def call() -> None:
         result = await sandbox.run(code, timeout=60)
         assert result.ok, result
 
     await _drive(call, concurrency, min(calls, 2 * concurrency))  # warm the pool and the caches
-    return await _drive(call, concurrency, calls, gap)
+    pids = _server_and_zygote(sandbox)
+    before = _cpu_snapshot(pids)
+    raw = await _drive(call, concurrency, calls, gap)
+    await asyncio.sleep(0.2)  # the last children exit and are reaped (their CPU counts once they are)
+    raw["per_call"] = _per_call(before, _cpu_snapshot(pids), calls)
+    return raw
 
 
 async def bench_baseline(code: str, concurrency: int, calls: int, gap: float = 0.0) -> dict:
@@ -139,6 +201,7 @@ def summarize(raw: dict) -> dict:
         "p50_ms": statistics.median(lat) * 1e3,
         "p99_ms": p99 * 1e3,
         "calls_per_s": len(lat) / raw["wall"],
+        **({"per_call": raw["per_call"]} if raw.get("per_call") else {}),
     }
 
 
@@ -206,6 +269,12 @@ def print_row(row: dict, header: bool) -> None:
         f"| {b['p50_ms'] / r['p50_ms']:.1f}x | {r['p50_ms'] / f['p50_ms']:.2f}x |",
         flush=True,
     )
+    per_call = r.get("per_call")
+    if per_call:
+        cpu, faults = per_call["cpu_ms"], per_call["faults"]
+        print(f"  retool CPU ms per call: {cpu['total']:.1f} (server {cpu['server']:.1f}, zygote {cpu['zygote']:.1f}, "
+              f"children {cpu['children']:.1f}, client {cpu['client']:.1f}); page faults per call: server "
+              f"{faults['server']:.0f}, zygote {faults['zygote']:.0f}, children {faults['children']:.0f}", flush=True)
 
 
 if __name__ == "__main__":

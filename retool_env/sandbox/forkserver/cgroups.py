@@ -32,8 +32,12 @@ def _own_group(controller: str) -> str | None:
 
 
 def _write(path: str, value: str) -> None:
-    with open(path, "w") as f:
-        f.write(value)
+    """One write(2), as cgroupfs expects; bare system calls, as a freshly forked child joins its group with it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
 
 
 def _remove_stale(base: str) -> None:
@@ -51,6 +55,18 @@ def _mkdir_writable(path: str) -> str | None:
     except OSError as exc:
         return f"cannot create {path}: {exc.strerror}"
     return None
+
+
+def _read(path: str) -> str:
+    """A control file's text with bare system calls (the zygote reads one per child exit)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = [os.read(fd, 1 << 16)]
+        while chunks[-1]:
+            chunks.append(os.read(fd, 1 << 16))
+        return b"".join(chunks).decode()
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -168,8 +184,7 @@ class CallGroup:
 
     def pids(self) -> list[int]:
         try:
-            with open(f"{self.dirs[0]}/cgroup.procs") as f:
-                return [int(line) for line in f if line.strip()]
+            return [int(line) for line in _read(f"{self.dirs[0]}/cgroup.procs").split()]
         except OSError:
             return []
 
@@ -184,15 +199,15 @@ class CallGroup:
     def memory_bytes(self) -> int | None:
         """Memory charged to the group now (its tmpfs files included), or None if it cannot be read."""
         name = "memory.current" if self.version == 2 else "memory.usage_in_bytes"
-        with contextlib.suppress(OSError, ValueError), open(f"{self.dirs[0]}/{name}") as f:
-            return int(f.read())
+        with contextlib.suppress(OSError, ValueError):
+            return int(_read(f"{self.dirs[0]}/{name}"))
         return None
 
     def oom_kills(self) -> int:
         """How many processes the kernel has killed here for memory, ever."""
         name = "memory.events" if self.version == 2 else "memory.oom_control"
-        with contextlib.suppress(OSError, ValueError), open(f"{self.dirs[0]}/{name}") as f:
-            for line in f:
+        with contextlib.suppress(OSError, ValueError):
+            for line in _read(f"{self.dirs[0]}/{name}").splitlines():
                 key, _, value = line.partition(" ")
                 if key == "oom_kill":
                     return int(value)

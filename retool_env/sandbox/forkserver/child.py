@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import math
 import os
 import resource
+import select
 import signal
 import sys
 import time
@@ -62,17 +64,40 @@ def _fresh_namespace() -> dict[str, Any]:
     return {"__name__": "__main__", "__builtins__": __builtins__}
 
 
+_REHEARSAL = "import math\nx = [math.sqrt(2) * i for i in range(3)]\nprint(x)\nx"
+_REHEARSAL_REQUEST = '{"op": "run", "code": "print(1)", "timeout": 1.0, "echo": true}'
+
+
+def warm_up_cell() -> None:
+    """Run a harmless cell through a call's whole path once, in the server before it forks the zygote: what a first
+    call sets up (the parser and compiler, the capture's streams, their codecs) is then set up in every child, which
+    only pays for the pages it writes. Nothing is kept: the buffer is the server's own, the streams are put back."""
+    buffer = cell.OutputBuffer(4096)
+    streams = sys.stdin, sys.stdout, sys.stderr
+    try:
+        json.loads(_REHEARSAL_REQUEST)
+        sys.stdin = io.StringIO("")
+        cell.capture(buffer)
+        status, _ = cell.run_cell(_REHEARSAL, _fresh_namespace(), echo=True, traceback_lines=1)
+        buffer.set_status(status)
+    finally:
+        captured: tuple[Any, ...] = sys.stdout, sys.stderr
+        sys.stdin, sys.stdout, sys.stderr = streams
+        for stream in captured:
+            with contextlib.suppress(Exception):
+                stream.detach()  # so that collecting it later does not write to the closed buffer
+        buffer.read(0), buffer.read(1)
+        buffer.close()
+
+
 def _rehearse() -> None:
     """Run a harmless cell while waiting for the real one: the pages any call writes (parser, compiler, output path)
     are copied from the zygote now, off the call's critical path. Nothing of it is kept."""
-    import json
-
     stdout = sys.stdout
     sys.stdout = io.StringIO()
     try:
-        json.loads('{"op": "run", "code": "print(1)", "timeout": 1.0, "echo": true}')
-        cell.run_cell("import math\nx = [math.sqrt(2) * i for i in range(3)]\nprint(x)\nx", {"__builtins__": __builtins__},
-                      echo=True, traceback_lines=1)
+        json.loads(_REHEARSAL_REQUEST)
+        cell.run_cell(_REHEARSAL, {"__builtins__": __builtins__}, echo=True, traceback_lines=1)
     finally:
         sys.stdout = stdout
 
@@ -80,8 +105,11 @@ def _rehearse() -> None:
 def single_use_main(code_fd: int, buffer: cell.OutputBuffer, **limits: Any) -> None:
     """Run one request: say `run` on the code socket just before the code starts, and `done <exit code>` before
     exiting, so the server answers without waiting for the kernel to tear down this process's namespaces (it kills
-    the process then, in case the report came from the code itself: a call can only cut its own output short)."""
-    _rehearse()
+    the process then, in case the report came from the code itself: a call can only cut its own output short).
+    It rehearses only while no request is waiting: when calls come faster than children are made, the request is
+    there as soon as the child is confined, and a rehearsal would only delay it."""
+    if not select.select([code_fd], [], [], 0)[0]:
+        _rehearse()
     request = read_frame_blocking(code_fd)
     if request is None:
         os._exit(0)

@@ -5,12 +5,17 @@
 3. an unprivileged uid of its own (when the server is root), never the server's;
 4. a user namespace and a mount namespace of its own: every inherited mount is locked (a later umount or remount
    cannot reveal or unlock it), and fresh, size-bounded tmpfs mounts at /tmp and /dev/shm, gone with the call;
-5. rlimits, a scrubbed environment, every capability dropped (effective, permitted, inheritable, ambient,
-   bounding), not dumpable (no ptrace, no /proc/<pid>/mem), no_new_privs and the seccomp allowlist.
+5. rlimits, a scrubbed environment (set once by the zygote), every capability dropped (effective, permitted,
+   inheritable, ambient, bounding), not dumpable (no ptrace, no /proc/<pid>/mem), no_new_privs and the seccomp
+   allowlist.
+
+Every Python object a fresh child touches costs it a page copied from the zygote, so these steps use bare system
+calls and structures built before the fork.
 """
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # signal.signal without its enum wrapping (see prepare)
 import contextlib
 import ctypes
 import functools
@@ -30,6 +35,9 @@ _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 _MB = 1 << 20
 
 
+FilterTemplate = seccomp.Template  # named here: inside `Layers`, `seccomp` is the field
+
+
 @dataclass(frozen=True)
 class Layers:
     """Which layers the server applies to every child; decided once at start (`Zygote.decide_layers`)."""
@@ -38,7 +46,7 @@ class Layers:
     uid: int | None = None  # None: keep the server's uid (an unprivileged server cannot give each call its own)
     seccomp: bool = True
     cgroup: CallGroup | None = None
-    filters: tuple[bytes, bytes] | None = None  # seccomp templates (single-use, session) built before the fork
+    filters: tuple[FilterTemplate, FilterTemplate] | None = None  # (single-use, session), built before the fork
 
 
 @dataclass(frozen=True)
@@ -60,9 +68,12 @@ CHILD_ENVIRONMENT = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", 
 
 
 def set_child_environment() -> None:
-    """The whole environment a child sees (the zygote sets it once; children inherit it)."""
+    """The whole environment a child sees: the zygote sets it once, before any child, and never changes it, so
+    every child inherits exactly this (checked here, not in each child)."""
     os.environ.clear()
     os.environ.update(CHILD_ENVIRONMENT)
+    if dict(os.environ) != CHILD_ENVIRONMENT:
+        raise RuntimeError("the child environment could not be set")
 
 
 def _check(result: int, what: str) -> None:
@@ -71,9 +82,22 @@ def _check(result: int, what: str) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
+def write_file(path: str, text: str) -> None:
+    """Write a short control file (/proc, cgroupfs) with bare system calls: a child pays a copied page for every
+    Python object it touches, and `open()`'s file objects touch many."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
 def address_space() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[0]) * resource.getpagesize()
+    fd = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return int(os.read(fd, 256).split()[0]) * resource.getpagesize()
+    finally:
+        os.close(fd)
 
 
 def _close_all_but(keep: tuple[int, ...]) -> None:
@@ -89,9 +113,9 @@ def _enter_namespaces(uid: int, gid: int) -> None:
     lib = libc()
     _check(lib.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0), "PR_SET_DUMPABLE")  # so we may write our own maps
     _check(lib.unshare(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWIPC), "unshare")
-    for name, text in (("uid_map", f"{uid} {uid} 1"), ("setgroups", "deny"), ("gid_map", f"{gid} {gid} 1")):
-        with open(f"/proc/self/{name}", "w") as f:
-            f.write(text)
+    write_file("/proc/self/uid_map", f"{uid} {uid} 1")
+    write_file("/proc/self/setgroups", "deny")
+    write_file("/proc/self/gid_map", f"{gid} {gid} 1")
 
 
 def _mount_tmpfs(path: str, size_mb: int) -> None:
@@ -125,13 +149,21 @@ def _drop_bounding_and_ambient() -> None:
     """Empty the bounding and ambient sets (this needs CAP_SETPCAP, so it comes before giving up the others)."""
     lib = libc()
     for cap in range(_last_capability() + 1):
-        _check(lib.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0), f"PR_CAPBSET_DROP {cap}")
+        if lib.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            _check(-1, f"PR_CAPBSET_DROP {cap}")
     lib.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)  # EINVAL on kernels without ambient caps
 
 
+_CAP_HEADER = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+_NO_CAPABILITIES = (_CapData * 2)()  # built once, before the fork, and only read (by capset)
+
+
 def _clear_capabilities() -> None:
-    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
-    _check(libc().capset(ctypes.byref(header), (_CapData * 2)()), "capset")
+    _check(libc().capset(ctypes.byref(_CAP_HEADER), _NO_CAPABILITIES), "capset")
+
+
+_DEFAULT_SIGNALS = tuple(int(s) for s in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE))
+_SIGXFSZ, _SIG_DFL, _SIG_IGN = int(signal.SIGXFSZ), int(signal.SIG_DFL), int(signal.SIG_IGN)
 
 
 def prepare(*, parent: int, keep: tuple[int, ...], layers: Layers, limits: Limits, masks: list[str],
@@ -144,9 +176,10 @@ def prepare(*, parent: int, keep: tuple[int, ...], layers: Layers, limits: Limit
     if os.getppid() != parent:
         os._exit(0)
     signal.set_wakeup_fd(-1)
-    for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the file-size limit, writes fail with EFBIG instead
+    # _signal.signal: signal.signal's enum conversions would touch dozens of the zygote's pages, each one copied.
+    for sig in _DEFAULT_SIGNALS:
+        _signal.signal(sig, _SIG_DFL)
+    _signal.signal(_SIGXFSZ, _SIG_IGN)  # past the file-size limit, writes fail with EFBIG instead
     if layers.cgroup is not None:
         layers.cgroup.join()
     devnull = os.open(os.devnull, os.O_RDWR)
@@ -180,16 +213,13 @@ def prepare(*, parent: int, keep: tuple[int, ...], layers: Layers, limits: Limit
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if layers.uid is not None:  # per uid: counts this call's threads and processes only
         resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
-    if os.environ != CHILD_ENVIRONMENT:
-        set_child_environment()
     if privileged or layers.userns:
         _clear_capabilities()
     _check(lib.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE")
     _check(lib.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS")
     if layers.seccomp:
-        single_use, head = layers.filters or (seccomp.build_template(allow_fork=False),
-                                              seccomp.build_template(allow_fork=True))
-        seccomp.install(seccomp.for_pid(head if session else single_use, os.getpid()))
+        single_use, head = layers.filters or (seccomp.Template(allow_fork=False), seccomp.Template(allow_fork=True))
+        (head if session else single_use).install(os.getpid())
 
 
 def processes_of_session(sid: int) -> list[int]:

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import array
 import asyncio
 import json
 import os
@@ -16,6 +17,7 @@ from typing import Any
 
 _FRAME = struct.Struct(">I")
 _MAX_FDS = 4
+_FD = array.array("i")
 
 
 def pack(obj: Any) -> bytes:
@@ -51,9 +53,16 @@ def send_message(sock: socket.socket, message: dict[str, Any], fds: list[int] | 
     socket.send_fds(sock, [json.dumps(message).encode("utf-8")], list(fds))
 
 
-def recv_message(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
-    """(message, descriptors), or (None, []) when the peer is gone."""
-    data, fds, _, _ = socket.recv_fds(sock, 1 << 16, _MAX_FDS)
+def recv_message(sock: socket.socket, flags: int = 0) -> tuple[dict[str, Any] | None, list[int]]:
+    """(message, descriptors), or (None, []) when the peer is gone. With `socket.MSG_DONTWAIT` in `flags`, raises
+    BlockingIOError when no message is waiting."""
+    # socket.recv_fds, with the flags it ignores before Python 3.12.
+    data, ancillary, _, _ = sock.recvmsg(1 << 16, socket.CMSG_LEN(_MAX_FDS * _FD.itemsize), flags)
+    received = array.array("i")
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            received.frombytes(payload[: len(payload) - len(payload) % received.itemsize])
+    fds = received.tolist()
     if not data:
         for fd in fds:
             os.close(fd)

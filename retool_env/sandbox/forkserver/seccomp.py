@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import platform
 import struct
 
@@ -185,34 +186,50 @@ def build_filter(self_pid: int, *, allow_fork: bool) -> bytes:
 
 
 _PID_SENTINEL = 0x7EADBEEF  # stands for the child's pid in a filter built once, before the fork
-
-
-def build_template(*, allow_fork: bool) -> bytes:
-    """`build_filter` for a pid not yet known: built once (in the zygote), made concrete by `for_pid` in the child."""
-    return build_filter(_PID_SENTINEL, allow_fork=allow_fork)
-
-
-def for_pid(template: bytes, pid: int) -> bytes:
-    """The template with the sentinel replaced by `pid` (and its negation), instruction by instruction."""
-    swap = {_PID_SENTINEL: pid & 0xFFFFFFFF, -_PID_SENTINEL & 0xFFFFFFFF: -pid & 0xFFFFFFFF}
-    out = bytearray(template)
-    for offset in range(0, len(out), 8):
-        (k,) = struct.unpack_from("<I", out, offset + 4)
-        if k in swap:
-            struct.pack_into("<I", out, offset + 4, swap[k])
-    return bytes(out)
+_K = struct.Struct("<I")
 
 
 class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
-def install(program: bytes) -> None:
-    """Load `program` into the calling thread (and every thread and child it creates later). Irreversible."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    buf = ctypes.create_string_buffer(program, len(program))
-    fprog = _SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
+class Template:
+    """A filter built once (in the zygote) for a pid not yet known, loaded ready to install: a child writes its pid
+    into its own copy of the buffer (a page of copy-on-write) and installs it, instead of rebuilding the program.
+    Every Python object a fresh child touches costs it a page copied from the zygote, so the child's part is short."""
+
+    def __init__(self, *, allow_fork: bool) -> None:
+        self.program = build_filter(_PID_SENTINEL, allow_fork=allow_fork)
+        ks = [_K.unpack_from(self.program, offset + 4)[0] for offset in range(0, len(self.program), 8)]
+        self.pid_at = tuple(8 * i + 4 for i, k in enumerate(ks) if k == _PID_SENTINEL)
+        self.negated_pid_at = tuple(8 * i + 4 for i, k in enumerate(ks) if k == -_PID_SENTINEL & 0xFFFFFFFF)
+        self.buffer = ctypes.create_string_buffer(self.program, len(self.program))
+        self.fprog = _SockFprog(len(self.program) // 8, ctypes.addressof(self.buffer))
+        _libc()  # loaded here, so children find it
+
+    def install(self, pid: int) -> None:
+        """Load the filter for `pid` into the calling process (after the fork: the zygote's copy is never written)."""
+        for offset in self.pid_at:
+            _K.pack_into(self.buffer, offset, pid & 0xFFFFFFFF)
+        for offset in self.negated_pid_at:
+            _K.pack_into(self.buffer, offset, -pid & 0xFFFFFFFF)
+        _load_program(self.fprog)
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _load_program(fprog: _SockFprog) -> None:
+    libc = _libc()
     if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
     if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
+
+
+def install(program: bytes) -> None:
+    """Load `program` into the calling thread (and every thread and child it creates later). Irreversible."""
+    buf = ctypes.create_string_buffer(program, len(program))
+    _load_program(_SockFprog(len(program) // 8, ctypes.addressof(buf)))

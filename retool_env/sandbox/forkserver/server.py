@@ -32,6 +32,7 @@ from typing import Any
 
 from . import cell, confine, zygote
 from .cgroups import CallGroup
+from .child import warm_up_cell
 from .protocol import pack, read_frame, recv_message, send_message
 
 PRELOAD = [
@@ -183,6 +184,7 @@ def warm_up(preload: list[str]) -> None:
 
         a = np.arange(16.0).reshape(4, 4) + np.eye(4)
         np.linalg.solve(a, np.ones(4)), np.linalg.det(a), np.random.default_rng(0).random(3), str(a), np.sort(a)
+    warm_up_cell()
     sys.set_int_max_str_digits(0)
     threading.stack_size(512 * 1024)  # so hundreds of threads fit under the address-space limit
     with contextlib.suppress(Exception):
@@ -274,9 +276,16 @@ class Server:
         child.buffer.close()
 
     async def _refill(self) -> None:
+        """Fork what the pool lacks, all requests at once: the zygote forks a burst back to back (zygote.py)."""
         try:
             while len(self.pool) < self.config.prefork and not self.stopped.is_set():
-                self.pool.append(await self._fork(session=False))
+                wanted = self.config.prefork - len(self.pool)
+                forked = await asyncio.gather(*(self._fork(session=False) for _ in range(wanted)),
+                                              return_exceptions=True)
+                self.pool += [c for c in forked if isinstance(c, Child)]
+                failed = next((c for c in forked if isinstance(c, BaseException)), None)
+                if failed is not None:
+                    raise failed
         except OSError as exc:  # the next call forks on demand, and reports the failure if it persists
             print(f"sandbox server: prefork failed: {exc}", file=sys.stderr, flush=True)
         finally:

@@ -14,6 +14,7 @@ zygote -> server `layers` (once, at start), `forked` (cid, pid, cgroup), `exit` 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import selectors
@@ -80,7 +81,7 @@ class Zygote:
             memory_mb=config.memory_mb, file_size_mb=config.file_size_mb, open_files=config.open_files,
             tmp_mb=config.tmp_mb, shm_mb=config.shm_mb, processes=config.processes,
         )  # fmt: skip
-        filters = (seccomp.build_template(allow_fork=False), seccomp.build_template(allow_fork=True))
+        filters = (seccomp.Template(allow_fork=False), seccomp.Template(allow_fork=True))
         self.layers = confine.Layers(userns=config.use_userns, uid=None, seccomp=config.use_seccomp, filters=filters)
         self.missing: dict[str, str] = {}
 
@@ -135,37 +136,49 @@ class Zygote:
     def probe_uid(self) -> int:
         return self.config.uid_base + self.config.uid_count - 1
 
-    def fork(self, cid: int, session: bool, fds: list[int]) -> None:
-        uid = None
-        try:
-            uid = self._take_uid() if self.layers.uid is not None else None
-            group = self._take_group()
-        except OSError as exc:  # no child without its uid and cgroup: the server answers with a sandbox error
-            for fd in fds:
-                os.close(fd)
-            what = "cgroup" if uid is not None or self.layers.uid is None else "uid"
-            send_message(self.sock, {"op": "forked", "cid": cid, "pid": -1, "error": f"{what}: {exc}"})
-            if uid is not None:
-                self.free_uids.append(uid)
-            return
-        layers = replace(self.layers, uid=uid, cgroup=group)
+    def _child_main(self, session: bool, kept: list[int]) -> None:
         cfg = self.config
         limits = {"memory_mb": cfg.memory_mb, "traceback_lines": cfg.traceback_lines}
+        buffer = cell.OutputBuffer(cfg.max_output_bytes, fd=kept[1])
+        buffer.release_fd()
+        if session:
+            child.session_head_main(kept[0], kept[2], buffer, self.pid, **limits)
+        else:
+            child.single_use_main(kept[0], buffer, **limits)
 
-        def main(kept: list[int]) -> None:
-            buffer = cell.OutputBuffer(cfg.max_output_bytes, fd=kept[1])
-            buffer.release_fd()
-            if session:
-                child.session_head_main(kept[0], kept[2], buffer, self.pid, **limits)
-            else:
-                child.single_use_main(kept[0], buffer, **limits)
+    def fork(self, requests: list[tuple[int, bool, list[int]]]) -> None:
+        """Fork a child for each (cid, session, descriptors), back to back.
 
-        pid = self._spawn(layers, fds, session, main)
-        for fd in fds:
-            os.close(fd)
-        self.records[cid] = self.by_pid[pid] = _Record(pid, uid, group, single_use=not session)
-        memory_group = None if group is None else [group.version, list(group.dirs)]  # for the server's memory budget
-        send_message(self.sock, {"op": "forked", "cid": cid, "pid": pid, "group": memory_group})
+        Each fork() makes every page of the zygote copy-on-write again, and whatever the zygote then writes (a few
+        hundred pages of Python objects, for its messages and records) is copied while its children still share it.
+        So everything is prepared before the first fork and reported after the last: between two forks the zygote
+        writes almost nothing, and a burst of requests pays for the copies once. A child closes every descriptor but
+        its own before it drops privileges, long before any code arrives."""
+        ready = []
+        for cid, session, fds in requests:
+            uid = None
+            try:
+                uid = self._take_uid() if self.layers.uid is not None else None
+                group = self._take_group()
+            except OSError as exc:  # no child without its uid and cgroup: the server answers with a sandbox error
+                for fd in fds:
+                    os.close(fd)
+                what = "cgroup" if uid is not None or self.layers.uid is None else "uid"
+                send_message(self.sock, {"op": "forked", "cid": cid, "pid": -1, "error": f"{what}: {exc}"})
+                if uid is not None:
+                    self.free_uids.append(uid)
+                continue
+            layers = replace(self.layers, uid=uid, cgroup=group)
+            ready.append((cid, session, fds, uid, group, layers, functools.partial(self._child_main, session)))
+        pids = []
+        for _, session, fds, _, _, layers, main in ready:
+            pids.append(self._spawn(layers, fds, session, main))
+            for fd in fds:
+                os.close(fd)
+        for pid, (cid, session, _, uid, group, _, _) in zip(pids, ready, strict=True):
+            self.records[cid] = self.by_pid[pid] = _Record(pid, uid, group, single_use=not session)
+            memory_group = None if group is None else [group.version, list(group.dirs)]  # for the server's budget
+            send_message(self.sock, {"op": "forked", "cid": cid, "pid": pid, "group": memory_group})
 
     def release(self, cid: int) -> None:
         record = self.records.pop(cid, None)
@@ -316,17 +329,36 @@ class Zygote:
                         return
                     self.reap()
                     continue
-                message, fds = recv_message(self.sock)
-                if message is None:
+                if not self._handle_messages():
                     self.shutdown()
                     return
-                if message["op"] == "fork":
-                    self.fork(message["cid"], message["session"], fds)
-                elif message["op"] == "release":
-                    self.release(message["cid"])
-                else:
-                    for fd in fds:
-                        os.close(fd)
+
+    def _handle_messages(self) -> bool:
+        """Every message waiting from the server: releases first (they may free a uid or a cgroup), then the forks,
+        back to back. False once the server is gone."""
+        forks, alive = [], True
+        while True:
+            try:
+                message, fds = recv_message(self.sock, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                break
+            if message is None:
+                alive = False
+                break
+            if message["op"] == "fork":
+                forks.append((message["cid"], message["session"], fds))
+            elif message["op"] == "release":
+                self.release(message["cid"])
+            else:
+                for fd in fds:
+                    os.close(fd)
+        if not alive:  # nobody left to run code in them
+            for _, _, fds in forks:
+                for fd in fds:
+                    os.close(fd)
+        elif forks:
+            self.fork(forks)
+        return alive
 
     def shutdown(self) -> None:
         for cid in list(self.records):
