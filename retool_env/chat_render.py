@@ -50,7 +50,7 @@ _checks: weakref.WeakKeyDictionary[Any, dict[tuple[str, str, str], int]] = weakr
 class _Transformers:
     """What the fast path uses of transformers (private helpers of its chat template module)."""
 
-    base_class: type
+    base_class: Any  # transformers' PreTrainedTokenizerBase
     compile: Any
     normalize: Any
     plain: Any
@@ -99,7 +99,8 @@ def _fast_template(template: str) -> Any:
     if type(base) is not ImmutableSandboxedEnvironment:
         return compiled
     env = base.overlay()
-    check, decided = env.is_safe_attribute, {}
+    check = env.is_safe_attribute
+    decided: dict[tuple[type, str], bool] = {}
 
     def is_safe_attribute(obj: Any, attr: str, value: Any) -> bool:
         key = (type(obj), attr)
@@ -136,7 +137,7 @@ def _fast_template(template: str) -> Any:
                 return env.undefined("value was undefined because a callable raised a StopIteration exception")
         return sandbox_call(__context, __obj, *args, **kwargs)
 
-    tojson = env.filters.get("tojson")
+    tojson: Any = env.filters.get("tojson")
 
     def frozen_tojson(value: Any, *args: Any, **kwargs: Any) -> Any:
         # The tools' JSON (`tools | tojson`, on every render) written once per options for the frozen copy.
@@ -248,7 +249,7 @@ class ChatRenderer:
 
     def _prepare(self) -> tuple[Any, Any, dict[str, Any], tuple[str, str, str]] | None:
         """The compiled template, tools and template variables of the fast path, or None where it is not taken."""
-        tokenizer = self.tokenizer
+        tokenizer: Any = self.tokenizer  # a Hugging Face tokenizer where the fast path is taken
         source = getattr(tokenizer, "chat_template", None)
         if source is self._source and self.tools is self._tools_seen:
             return self._prepared
@@ -277,7 +278,7 @@ def _template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     parts = _found[0]
     prepared = []
     for message in messages:
-        plain = _plain_json(message) if type(message) is dict else _NOT_PLAIN
+        plain: Any = _plain_json(message) if type(message) is dict else _NOT_PLAIN
         if plain is _NOT_PLAIN:  # objects, subclasses, media: transformers' own converters
             plain = parts.plain(parts.normalize([message]))[0]
         else:

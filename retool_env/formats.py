@@ -322,6 +322,10 @@ class ChatTurnsFormat(ToolFormat):
     tool_turns = True
     chat_template_kwargs: dict[str, Any]
 
+    def __init__(self, tokenizer: Tokenizer, chat_template_kwargs: dict[str, Any] | None = None) -> None:
+        super().__init__(tokenizer)
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+
     @property
     def tools(self) -> list[dict[str, Any]]:
         return [CODE_INTERPRETER_TOOL]
@@ -340,8 +344,7 @@ class HermesFormat(ChatTurnsFormat):
     _DUMMY = "<<retool-env-dummy>>"
 
     def __init__(self, tokenizer: Tokenizer, chat_template_kwargs: dict[str, Any] | None = None) -> None:
-        super().__init__(tokenizer)
-        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        super().__init__(tokenizer, chat_template_kwargs)
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("the hermes format renders tool results with the tokenizer's chat template, "
                              "and this tokenizer has none; set tokenizer.chat_template or use tool_format='retool'")

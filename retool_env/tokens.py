@@ -86,7 +86,7 @@ def _piece_cache(tokenizer: Tokenizer) -> tuple[re.Pattern[str], dict[str, int],
         return _piece_caches[tokenizer]
     except (KeyError, TypeError):
         pass
-    found = None
+    found: tuple[re.Pattern[str], dict[str, int], dict[str, list[int]]] | None = None
     backend = getattr(tokenizer, "backend_tokenizer", None)
     decoder = getattr(backend, "get_added_tokens_decoder", None)
     pattern = added_token_pattern(tokenizer)
@@ -95,7 +95,7 @@ def _piece_cache(tokenizer: Tokenizer) -> tuple[re.Pattern[str], dict[str, int],
         plain = all(not (t.single_word or t.lstrip or t.rstrip or t.normalized) for t in added.values())
         ids = {t.content: i for i, t in added.items()}
         texts = set(getattr(tokenizer, "all_special_tokens", None) or []) | set(tokenizer.get_added_vocab())
-        if plain and "Metaspace" not in repr(backend.pre_tokenizer) and texts == set(ids):
+        if plain and "Metaspace" not in repr(getattr(backend, "pre_tokenizer", None)) and texts == set(ids):
             found = (pattern, ids, {})
     with contextlib.suppress(TypeError):
         _piece_caches[tokenizer] = found
