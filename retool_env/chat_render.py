@@ -181,10 +181,6 @@ def _frozen(tools: Any) -> Any:
     return tools
 
 
-def _key(value: Any) -> str:
-    return repr(value)
-
-
 class ChatRenderer:
     """Renders conversations through a tokenizer's chat template with fixed tools and template options: the text
     `tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=...,
@@ -264,7 +260,7 @@ class ChatRenderer:
             template = tokenizer.get_chat_template(None, self.tools)
             variables = parts.plain({**tokenizer.special_tokens_map, **self.chat_template_kwargs})
             tools = _frozen(parts.plain(list(self.tools) if self.tools is not None else None))
-            key = (template, _key(tools), _key(variables))
+            key = (template, repr(tools), repr(variables))
             self._prepared = (_fast_template(template), tools, variables, key)
         except Exception:  # no template, or one that does not compile: apply_chat_template raises its own error
             return None

@@ -309,16 +309,16 @@ class ToolEnvironment(gym.Env):
             raise TypeError(f"an action is the token ids the policy generated, not text ({action[:40]!r}...): pass "
                             "tokenizer.encode(text, add_special_tokens=False), or use an adapter that takes text")
         if type(action) is list and all(type(i) is int for i in action):  # the usual action: no array needed
-            if action and (min(action) < 0 or max(action) >= self.vocab_size):
-                raise ValueError(f"action token ids must lie in [0, {self.vocab_size}); got {min(action)}.."
-                                 f"{max(action)}")
-            return list(action), (None if logprobs is None else [float(x) for x in logprobs]), finish_reason
-        ids = np.asarray(action)
-        if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
-            raise ValueError(f"an action is a 1-D sequence of token ids, got shape {ids.shape} dtype {ids.dtype}")
-        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
-            raise ValueError(f"action token ids must lie in [0, {self.vocab_size}); got {ids.min()}..{ids.max()}")
-        return ids.tolist(), (None if logprobs is None else [float(x) for x in logprobs]), finish_reason
+            ids = list(action)
+        else:
+            array = np.asarray(action)
+            if array.ndim != 1 or (array.size and not np.issubdtype(array.dtype, np.integer)):
+                raise ValueError(f"an action is a 1-D sequence of token ids, got shape {array.shape} dtype "
+                                 f"{array.dtype}")
+            ids = array.tolist()
+        if ids and (min(ids) < 0 or max(ids) >= self.vocab_size):
+            raise ValueError(f"action token ids must lie in [0, {self.vocab_size}); got {min(ids)}..{max(ids)}")
+        return ids, (None if logprobs is None else [float(x) for x in logprobs]), finish_reason
 
     # ------------------------------------------------------------------------------------------------ tool calls
     def _fault_key(self, index: int) -> bytes:

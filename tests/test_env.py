@@ -309,6 +309,8 @@ def test_caller_misuse_raises(tiny_tok):
     env.reset(options={"index": 1})
     with pytest.raises(ValueError, match=r"\[0, "):
         env.step([len(tiny_tok) + 5])
+    with pytest.raises(ValueError, match=r"\[0, "):  # an array takes the same check
+        env.step(np.array([-1], dtype=np.int64))
     with pytest.raises(ValueError, match="1-D"):
         env.step(np.zeros((2, 2), dtype=np.int64))
     with pytest.raises(ValueError, match="token_ids"):
