@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
 bash scripts/typecheck.sh
-.venv/bin/python -m pytest -q "$@"
+.venv/bin/python -m pytest -q --durations=25 "$@"
 if [ "$(id -u)" = 0 ]; then
     isolation_suites=(tests/test_sandbox_isolation.py tests/test_sandbox_adversarial.py)
     if bwrap=$(command -v bwrap); then  # a private mount namespace in which bubblewrap is /dev/null
