@@ -9,10 +9,12 @@ same inputs, prepared the same way: a message of plain JSON data by a copy witho
 transformers' converters make of it), any other message by those converters themselves; the tools and the template
 variables (special tokens, `chat_template_kwargs`) once, when a renderer first renders. It renders in an overlay of
 transformers' sandbox that decides alike, faster: attribute checks remembered per (type, name), the only things jinja's
-immutable sandbox decides them on; the items of a plain `dict` read without the failed attribute lookup first (as the
-sandbox does after it); builtin methods (`content.startswith`) called as jinja's `Context.call` calls them; the
-tools' `tojson` written once for the one frozen copy of each tool list (no template can change it: the sandbox is
-immutable). Same decisions, same text.
+immutable sandbox decides them on, and an attribute once found safe on a type read on that decision (the sandbox's own
+steps after its check); the items of a plain `dict` read without the failed attribute lookup first (as the
+sandbox does after it); builtin methods (`content.startswith`) and the template's own macros called as jinja's
+`Context.call` calls them; the tools' `tojson` written once for the one frozen copy of each tool list (no template
+can change it: the sandbox is immutable). Same decisions, same text. A renderer whose owner never changes a message once given (`Conversation`,
+`messages_frozen`) copies each message for the template once.
 
 The fast path is taken only for a Hugging Face tokenizer whose `apply_chat_template` is transformers' own, with a
 transformers that has the converters used here (5.20 and later). The first renders of each (tokenizer, template,
@@ -93,9 +95,11 @@ def _apply_parameters() -> frozenset[str]:
 def _fast_template(template: str) -> Any:
     """transformers' compiled template, recompiled in an overlay of its sandbox whose attribute checks are
     remembered (see the module docstring); transformers' own when its sandbox is not jinja's immutable one."""
+    import jinja2.utils
     from jinja2.runtime import Macro
     from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment
-    from jinja2.utils import _PassArg
+
+    pass_arg: Any = getattr(jinja2.utils, "_PassArg", None)  # without it, macros are called through the sandbox
 
     parts = _transformers_parts()
     assert parts is not None, "only called when the fast path is available"
@@ -145,7 +149,7 @@ def _fast_template(template: str) -> Any:
         return sandbox_getattr(obj, attribute)
 
     sandbox_call = env.call
-    macro_fast = (_PassArg.from_obj(Macro.__call__) is _PassArg.eval_context
+    macro_fast = (pass_arg is not None and pass_arg.from_obj(Macro.__call__) is pass_arg.eval_context
                   and type(env).is_safe_callable is SandboxedEnvironment.is_safe_callable
                   and not hasattr(Macro, "unsafe_callable") and not hasattr(Macro, "alters_data"))
 
