@@ -468,10 +468,11 @@ def _run_task(loop: asyncio.AbstractEventLoop, coro: Any) -> Any:
     variables as there), but its first step is taken at once instead of after a poll of the selector; a step that
     awaits something still pending (a real sandbox call, a thread) is finished by the loop. A final answer, an
     invalid call or a sandbox that answers at once costs one task and no poll. Taken only on asyncio's own
-    selector loop with nothing else scheduled, where the task's first step is the one callback the loop would run.
+    selector loop with nothing else ready or due, where the task's first step is the one callback the loop would run.
     """
-    ready = getattr(loop, "_ready", None)
+    ready, timers = getattr(loop, "_ready", None), getattr(loop, "_scheduled", None)
     if (not isinstance(loop, asyncio.BaseEventLoop) or type(ready) is not collections.deque or ready
+            or type(timers) is not list or (timers and timers[0].when() <= loop.time())
             or loop.is_running() or loop.get_debug() or loop.get_task_factory() is not None):
         return loop.run_until_complete(coro)
     task = loop.create_task(coro)

@@ -116,7 +116,7 @@ def test_inside_a_running_loop_step_refuses_and_astep_works(qwen_tok):
 
 
 def test_run_task_leaves_other_work_to_the_loop():
-    """With callbacks already scheduled, or a loop of another kind, `_run_task` is `run_until_complete`."""
+    """With callbacks ready, a timer due, or the loop in debug mode, `_run_task` is `run_until_complete`."""
     loop = asyncio.new_event_loop()
     order = []
 
@@ -127,6 +127,10 @@ def test_run_task_leaves_other_work_to_the_loop():
     loop.call_soon(order.append, "earlier")
     assert _run_task(loop, work()) == 7 and order == ["earlier", "work"]  # in the order the loop runs them
     assert _run_task(loop, work()) == 7 and order[-1] == "work"
+    loop.call_later(0, order.append, "due")  # a timer that is due runs in the same step, as in the loop
+    loop.call_later(3600, order.append, "later")  # one that is not does not hold the step up
+    assert _run_task(loop, work()) == 7 and order[-2:] == ["work", "due"]
+    assert _run_task(loop, work()) == 7 and "later" not in order
     loop.set_debug(True)
     assert _run_task(loop, work()) == 7
     loop.close()
