@@ -85,7 +85,8 @@ class NextContext:
 
 
 class Conversation:
-    """An episode's chat messages and the text the template renders for them."""
+    """An episode's chat messages and the text the template renders for them. A message is never changed once
+    added (each turn adds new dicts), so its copy for the template is made once (`ChatRenderer.messages_frozen`)."""
 
     def __init__(self, tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                  turn_end: str, chat_template_kwargs: dict[str, Any] | None = None) -> None:
@@ -94,6 +95,7 @@ class Conversation:
         self.turn_end = turn_end
         self.chat_template_kwargs = dict(chat_template_kwargs or {})  # e.g. enable_thinking, in every render
         self.renderer = ChatRenderer(tokenizer, tools, self.chat_template_kwargs)
+        self.renderer.messages_frozen = True  # messages are never changed once added: each turn makes new ones
         self.messages = list(messages)
         self.text = self.render(self.messages)  # the context of the next generation, as text
         self.reasoning_field: bool | None = None  # see assistant_message

@@ -9,10 +9,12 @@ same inputs, prepared the same way: a message of plain JSON data by a copy witho
 transformers' converters make of it), any other message by those converters themselves; the tools and the template
 variables (special tokens, `chat_template_kwargs`) once, when a renderer first renders. It renders in an overlay of
 transformers' sandbox that decides alike, faster: attribute checks remembered per (type, name), the only things jinja's
-immutable sandbox decides them on; the items of a plain `dict` read without the failed attribute lookup first (as the
-sandbox does after it); builtin methods (`content.startswith`) called as jinja's `Context.call` calls them; the
-tools' `tojson` written once for the one frozen copy of each tool list (no template can change it: the sandbox is
-immutable). Same decisions, same text.
+immutable sandbox decides them on, and an attribute once found safe on a type read on that decision (the sandbox's own
+steps after its check); the items of a plain `dict` read without the failed attribute lookup first (as the
+sandbox does after it); builtin methods (`content.startswith`) and the template's own macros called as jinja's
+`Context.call` calls them; the tools' `tojson` written once for the one frozen copy of each tool list (no template
+can change it: the sandbox is immutable). Same decisions, same text. A renderer whose owner never changes a message once given (`Conversation`,
+`messages_frozen`) copies each message for the template once.
 
 The fast path is taken only for a Hugging Face tokenizer whose `apply_chat_template` is transformers' own, with a
 transformers that has the converters used here (5.20 and later). The first renders of each (tokenizer, template,
@@ -29,7 +31,7 @@ import sys
 import warnings
 import weakref
 from dataclasses import dataclass
-from types import BuiltinMethodType
+from types import BuiltinMethodType, MethodType
 from typing import Any
 
 from retool_env.tokens import Tokenizer
@@ -40,7 +42,10 @@ VERIFIED_RENDERS = 8
 """Renders of each (tokenizer, template, tools, options) checked against `apply_chat_template` before trusting the
 fast path alone: the first episode's prompt and tool turns (a few renders per process)."""
 
-_MEMO_LIMIT = 4096  # attribute decisions remembered per template (names come from the template's source)
+_FORMAT_METHODS = ("format", "format_map")  # the sandbox wraps these in its safe formatter
+_METHOD_TYPES = (MethodType, BuiltinMethodType)
+_MEMO_LIMIT = 4096
+_COPIES_LIMIT = 512  # template copies of messages kept per renderer (an episode's conversation)  # attribute decisions remembered per template (names come from the template's source)
 
 # tokenizer -> {(template, tools, options): renders found equal so far, or -1 when the fast path is off}
 _checks: weakref.WeakKeyDictionary[Any, dict[tuple[str, str, str], int]] = weakref.WeakKeyDictionary()
@@ -90,7 +95,11 @@ def _apply_parameters() -> frozenset[str]:
 def _fast_template(template: str) -> Any:
     """transformers' compiled template, recompiled in an overlay of its sandbox whose attribute checks are
     remembered (see the module docstring); transformers' own when its sandbox is not jinja's immutable one."""
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    import jinja2.utils
+    from jinja2.runtime import Macro
+    from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment
+
+    pass_arg: Any = getattr(jinja2.utils, "_PassArg", None)  # without it, macros are called through the sandbox
 
     parts = _transformers_parts()
     assert parts is not None, "only called when the fast path is available"
@@ -112,27 +121,56 @@ def _fast_template(template: str) -> Any:
         return safe
 
     sandbox_getattr, dict_names = env.getattr, frozenset(dir(dict))
+    wrap_str_format = getattr(env, "wrap_str_format", None)
 
     def getattr_(obj: Any, attribute: str) -> Any:
+        kind = type(obj)
         # A plain dict has no attribute but its class's: the sandbox's lookup fails, then reads the item.
-        if type(obj) is dict and attribute not in dict_names:
+        if kind is dict and attribute not in dict_names:
             try:
                 return obj[attribute]
             except (TypeError, LookupError):
                 return env.undefined(obj=obj, name=attribute)
+        # An attribute the sandbox already found safe on this type (`loop.index0`, `ns.value`,
+        # `content.startswith`): the sandbox's own steps after its check, which it would decide alike.
+        if wrap_str_format is not None and decided.get((kind, attribute)) is True:
+            try:
+                value = getattr(obj, attribute)
+            except AttributeError:
+                try:
+                    return obj[attribute]
+                except (TypeError, LookupError):
+                    return env.undefined(obj=obj, name=attribute)
+            if type(value) in _METHOD_TYPES and value.__name__ in _FORMAT_METHODS:
+                fmt = wrap_str_format(value)
+                if fmt is not None:
+                    return fmt
+            return value
         return sandbox_getattr(obj, attribute)
 
     sandbox_call = env.call
+    macro_fast = (pass_arg is not None and pass_arg.from_obj(Macro.__call__) is pass_arg.eval_context
+                  and type(env).is_safe_callable is SandboxedEnvironment.is_safe_callable
+                  and not hasattr(Macro, "unsafe_callable") and not hasattr(Macro, "alters_data"))
 
     def call(__context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
         # A builtin method (`content.startswith`) passed the attribute checks to be reached, can carry no unsafe
         # or pass-context mark, and is called as jinja's `Context.call` calls it; `str.format` and `format_map`
         # always go through the sandbox (jinja before 3.1.5 gives them its safe formatter there, not at access).
-        if type(__obj) is BuiltinMethodType and __obj.__name__ not in ("format", "format_map"):
+        # A template's own macro is safe to call and takes the eval context: `Context.call`'s steps for it.
+        kind = type(__obj)
+        if kind is BuiltinMethodType and __obj.__name__ not in _FORMAT_METHODS:
             kwargs.pop("_block_vars", None)
             kwargs.pop("_loop_vars", None)
             try:
                 return __obj(*args, **kwargs)
+            except StopIteration:
+                return env.undefined("value was undefined because a callable raised a StopIteration exception")
+        if kind is Macro and macro_fast:
+            kwargs.pop("_block_vars", None)
+            kwargs.pop("_loop_vars", None)
+            try:
+                return __obj(__context.eval_ctx, *args, **kwargs)
             except StopIteration:
                 return env.undefined("value was undefined because a callable raised a StopIteration exception")
         return sandbox_call(__context, __obj, *args, **kwargs)
@@ -195,6 +233,11 @@ class ChatRenderer:
         self._prepared: tuple[Any, Any, dict[str, Any], tuple[str, str, str]] | None = None
         self._tools_seen: Any = None
         self._own_checks: dict[tuple[str, str, str], int] = {}
+        self._trusted: Any = None  # the prepared fast path once its renders were checked
+        # Messages this renderer's owner never changes once given (`Conversation`'s): their template copies, made
+        # once each (by id, the message kept alive beside its copy).
+        self.messages_frozen = False
+        self._copies: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
 
     def slow_render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         """The rendering by the tokenizer's own `apply_chat_template`."""
@@ -207,6 +250,11 @@ class ChatRenderer:
         prepared = self._prepare()
         if prepared is None:
             return self.slow_render(messages, add_generation_prompt)
+        if prepared is self._trusted:
+            try:
+                return self._fast(prepared, messages, add_generation_prompt)
+            except Exception:  # the template refuses these messages: transformers says so in its words
+                return self.slow_render(messages, add_generation_prompt)
         try:
             checks = _checks.setdefault(self.tokenizer, {})
         except TypeError:  # a tokenizer that cannot be weakly referenced: its renderers check on their own
@@ -227,6 +275,8 @@ class ChatRenderer:
                               stacklevel=2)
                 return expected
             checks[prepared[3]] = verified + 1
+        else:
+            self._trusted = prepared
         return text
 
     def fast_render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str | None:
@@ -234,13 +284,24 @@ class ChatRenderer:
         prepared = self._prepare()
         return None if prepared is None else self._fast(prepared, messages, add_generation_prompt)
 
-    @staticmethod
-    def _fast(prepared: tuple[Any, Any, dict[str, Any], Any], messages: list[dict[str, Any]],
+    def _fast(self, prepared: tuple[Any, Any, dict[str, Any], Any], messages: list[dict[str, Any]],
               add_generation_prompt: bool) -> str:
         if not messages:
             raise ValueError("no messages")  # apply_chat_template's own error follows
         template, tools, variables, _ = prepared
-        return template.render(messages=_template_messages(messages), tools=tools, documents=None,
+        if self.messages_frozen:
+            copies = self._copies
+            if len(copies) > _COPIES_LIMIT:
+                copies.clear()
+            shown = []
+            for message in messages:
+                known = copies.get(id(message))
+                if known is None or known[0] is not message:
+                    known = copies[id(message)] = (message, _template_messages([message])[0])
+                shown.append(known[1])
+        else:
+            shown = _template_messages(messages)
+        return template.render(messages=shown, tools=tools, documents=None,
                                add_generation_prompt=add_generation_prompt, **variables)
 
     def _prepare(self) -> tuple[Any, Any, dict[str, Any], tuple[str, str, str]] | None:

@@ -21,7 +21,6 @@ call becomes a `ToolCall` whose `error` tells the model what was wrong. Observat
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import logging
@@ -115,6 +114,15 @@ class ParsedAction:
     end_text: str | None = None  # the text of the end token (and closing tokens) after `text`; None: the turn end
     tool_message: dict[str, Any] | None = None  # the call turn as the template reads it (None: `text` as content)
 
+    def replace(self, **changes: Any) -> ParsedAction:
+        """`dataclasses.replace(self, **changes)` without its per-field work (twice on every step's path)."""
+        unknown = changes.keys() - self.__dict__.keys()
+        if unknown:
+            raise TypeError(f"ParsedAction has no field(s) {sorted(unknown)}")
+        new = object.__new__(ParsedAction)
+        new.__dict__.update(self.__dict__, **changes)
+        return new
+
     @property
     def is_final(self) -> bool:
         return not self.tool_calls
@@ -174,8 +182,8 @@ class ToolFormat(ABC):
         if (ended and parsed.tool_calls and self.call_ends_turn and self.turn_end_id is not None
                 and action_ids[-1] != self.turn_end_id and not parsed.closing_ids):
             # e.g. <|endoftext|> after a call: the template's turn end follows it, so the tool turn renders in place
-            parsed = dataclasses.replace(parsed, closing_ids=(self.turn_end_id,))
-        return dataclasses.replace(parsed, text=text, content=content)
+            parsed = parsed.replace(closing_ids=(self.turn_end_id,))
+        return parsed.replace(text=text, content=content)
 
     @abstractmethod
     def _parse_text(self, text: str, ended: bool) -> ParsedAction:
@@ -560,12 +568,12 @@ class DialectFormat(ChatTurnsFormat):
         content = split_reasoning(text, reasoning_open)[1]
         parsed = self._parse_text(content, ended)
         if ended and parsed.tool_calls and action_ids[-1] not in self._call_ends and not parsed.closing_ids:
-            parsed = dataclasses.replace(parsed, closing_ids=(self.turn_end_id,))
+            parsed = parsed.replace(closing_ids=(self.turn_end_id,))
         end_ids = (*action_ids[-1:], *parsed.closing_ids) if ended else parsed.closing_ids
         end_text = self._end_texts.get(end_ids)
         if end_text is None:  # a few end tokens per format: decoded once each
             end_text = self._end_texts[end_ids] = decode(self.tokenizer, list(end_ids))
-        return dataclasses.replace(parsed, text=text, content=content, end_text=end_text)
+        return parsed.replace(text=text, content=content, end_text=end_text)
 
     def _parse_text(self, text: str, ended: bool) -> ParsedAction:
         turn = self.dialect.parse(text, [CODE_INTERPRETER_TOOL])

@@ -11,6 +11,7 @@ environment build on it.
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import weakref
 from collections.abc import Sequence
@@ -180,10 +181,53 @@ def encode_text(tokenizer: Tokenizer, text: str) -> list[int]:
     return [i for piece in pieces for i in tokenizer.encode(piece, add_special_tokens=False)]
 
 
+_byte_bounds: weakref.WeakKeyDictionary[Any, int | None] = weakref.WeakKeyDictionary()
+_BOUND_PRE_TOKENIZERS = {"Sequence", "Split", "ByteLevel"}  # none of them adds text
+_NORMALIZER_GROWTH = {None: 1, "NFC": 3}  # at most how many UTF-8 bytes a byte becomes (Unicode's NFC bound: 3x)
+
+
+def tokens_per_byte(tokenizer: Tokenizer) -> int | None:
+    """At most how many tokens `encode` or `encode_text` gives per UTF-8 byte of text, where that is known without
+    encoding: a Rust byte-level BPE tokenizer (every token, added ones included, covers at least one byte of the
+    normalized text), with no normalizer or NFC and pre-tokenizers that add nothing (no prefix space). None for any
+    other tokenizer."""
+    try:
+        return _byte_bounds[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    bound: int | None = None
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    try:
+        normalizer = getattr(backend, "normalizer", None)
+        growth = _NORMALIZER_GROWTH.get(None if normalizer is None else type(normalizer).__name__)
+        model = getattr(backend, "model", None)
+        if growth is not None and type(model).__name__ == "BPE" and backend is not None:
+            steps = [json.loads(backend.pre_tokenizer.__getstate__())]
+            kinds: list[str] = []
+            while steps:
+                step = steps.pop()
+                kinds.append(step.get("type"))
+                if step.get("type") == "ByteLevel" and step.get("add_prefix_space"):
+                    kinds.append("prefix space")
+                steps.extend(step.get("pretokenizers") or [])
+            if "ByteLevel" in kinds and set(kinds) <= _BOUND_PRE_TOKENIZERS:
+                bound = growth
+    except Exception:  # a tokenizer whose parts do not describe themselves: no bound
+        bound = None
+    with contextlib.suppress(TypeError):
+        _byte_bounds[tokenizer] = bound
+    return bound
+
+
 def clip_tokens(text: str, tokenizer: Tokenizer, max_tokens: int) -> str:
     """Keep the head and the tail of a long output around a marker saying what was cut, so that the result,
     marker included, holds at most `max_tokens` tokens as `encode_text` counts them (as observations encode it).
-    A budget too small for the marker keeps the head alone."""
+    A budget too small for the marker keeps the head alone. A text too short to exceed the budget whatever its
+    tokens (`tokens_per_byte`) is returned without encoding it."""
+    per_byte = tokens_per_byte(tokenizer)
+    if per_byte is not None and (4 * per_byte * len(text) <= max_tokens or
+                                 per_byte * len(text.encode("utf-8", "surrogatepass")) <= max_tokens):
+        return text
     ids = encode_text(tokenizer, text)
     if len(ids) <= max_tokens:
         return text

@@ -188,3 +188,50 @@ def test_the_sandbox_decides_alike(template):
         assert fast == outcome(renderer.slow_render, messages, True)
     if "__" in template or any(f".{op}(" in template for op in ("append", "update", "pop")):
         assert fast is jinja2.exceptions.SecurityError or fast == ""  # refused, or printed as nothing
+
+
+@pytest.mark.parametrize("template", [
+    "{% set ns = namespace(v=1) %}{% set ns.v = ns.v + 1 %}{{ ns.v }}{% for m in messages %}{{ loop.index0 }}"
+    "{{ loop.first }}{{ loop.nextitem.role if not loop.last }}{{ loop.previtem }}{{ loop.cycle('a', 'b') }}"
+    "{% endfor %}{{ messages[0].content.startswith('h') }}{{ messages[0].content.__class__ }}",
+    "{% set ns = namespace(f='{0.__class__.__mro__}'.format) %}{{ ns.f(messages) }}",
+    "{% set ns = namespace(s='{0}') %}{{ ns.s.format(messages[0].role) }}{{ ns.s.format_map }}",
+    "{% macro m(a, b=2) %}{{ a }}{{ b }}{{ varargs }}{{ kwargs }}{% endmacro %}{{ m(1) }}{{ m(1, 3, 4) }}"
+    "{{ m(1, c=5) }}{{ m(b=7, a=6) }}",
+    "{% macro m(a) %}{{ a }}{% endmacro %}{{ m(1, 2) }}",
+    "{% macro m(a) %}{{ a }}{% endmacro %}{{ m(1, x=2) }}",
+    "{% macro m() %}[{{ caller(1) }}]{% endmacro %}{% call(x) m() %}in{{ x }}{% endcall %}",
+    "{% macro m() %}{% endmacro %}{{ m.__call__.__globals__ }}",
+    "{% macro m() %}{% endmacro %}{{ m._func }}{{ m.name }}",
+    "{% macro m(x) %}{{ x.__class__ }}{% endmacro %}{{ m(messages) }}",
+])
+def test_remembered_attributes_and_macro_calls_decide_alike(template):
+    """Attributes decided once per type are read on the remembered decision, and a template's macros are called
+    without the sandbox's call: the same text and the same refusals as transformers' sandbox, every time."""
+    tok = copy.copy(qwen_tokenizer())
+    tok.chat_template = template
+    renderer = ChatRenderer(tok, TOOLS)
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    seen = set()
+    for _ in range(3):
+        fast = outcome(renderer.fast_render, messages, True)
+        assert fast == outcome(renderer.slow_render, messages, True)
+        seen.add(fast if isinstance(fast, str) else fast.__name__)
+    assert len(seen) == 1
+
+
+def test_a_conversations_messages_are_copied_for_the_template_once_and_by_identity():
+    """`Conversation` never changes a message it holds, so its renderer copies each for the template once; a new
+    message (even one equal to an old one, or in a reused slot) is copied anew: every render is the template's."""
+    tok = qwen_tokenizer()
+    renderer = ChatRenderer(tok, TOOLS)
+    renderer.messages_frozen = True
+    user = {"role": "user", "content": "What is 6 * 7?"}
+    for step in range(6):
+        messages = [user, {"role": "assistant", "content": f"<think>\n{step}\n</think>\n\nTry {step}."},
+                    {"role": "tool", "name": "code_interpreter", "content": "<|im_end|>" * step}]
+        for add_generation_prompt in (True, False):
+            assert renderer.render(messages, add_generation_prompt) == renderer.slow_render(messages,
+                                                                                           add_generation_prompt)
+        del messages  # the dicts go; the renderer's copies keep them alive, so no id is reused for other text
+    assert len(renderer._copies) == 1 + 2 * 6
