@@ -72,7 +72,7 @@ def server_host_pid(sb: LocalSandbox) -> int:
     for pid in [sb.server_pid, *descendants(sb.server_pid)]:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             argv = f.read().split(b"\0")
-        if argv[0] == sys.executable.encode() and b"retool_env.sandbox.forkserver.server" in b" ".join(argv):
+        if argv[0] == sys.executable.encode() and b"retool_env.sandbox.forkserver.start" in b" ".join(argv):
             return pid
     raise AssertionError("no server process found")
 

@@ -15,7 +15,7 @@ import pytest
 
 from retool_env.sandbox import LocalSandbox
 from retool_env.sandbox.forkserver import probes
-from retool_env.sandbox.forkserver.server import PRELOAD, SCAN_LIMIT, lean_preload, needs_full
+from retool_env.sandbox.forkserver.start import PRELOAD, SCAN_LIMIT, lean_preload, needs_full
 
 pytestmark = pytest.mark.timeout(240)
 ROOT = os.geteuid() == 0

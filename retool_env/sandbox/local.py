@@ -29,7 +29,7 @@ from .forkserver import isolation as _isolation
 from .forkserver import seccomp, uids
 from .forkserver.cgroups import Delegation
 from .forkserver.protocol import pack, read_frame
-from .forkserver.server import PRELOAD
+from .forkserver.start import PRELOAD
 
 _SANDBOX_DIR = os.path.dirname(os.path.abspath(__file__))
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(_SANDBOX_DIR))
@@ -43,7 +43,7 @@ _BOOTSTRAP = (
     "from retool_env.sandbox.forkserver import isolation\n"
     "config = isolation.enter(json.loads(sys.stdin.readline()))\n"
     "sys.stdin = io.StringIO(json.dumps(config) + '\\n')\n"
-    "from retool_env.sandbox.forkserver.server import main\n"
+    "from retool_env.sandbox.forkserver.start import main\n"
     "main()\n"
 )
 _CLEAN_ENV = {

@@ -1,19 +1,15 @@
 """The sandbox server: a pre-warmed Python that schedules calls and sessions onto confined children.
 
 Started once by `LocalSandbox` (never forked from the trainer), with an empty environment and, where the machine
-allows, inside bubblewrap. Right after warming up it forks the zygote (zygote.py), which forks every child, so no
-child is ever a copy of a process that held another call's code or output. The server keeps a few children forked
+allows, inside bubblewrap. Right after warming up, before the first request, its entry point (start.py) forks the
+zygotes (zygote.py), which fork every child, so no child is ever a copy of a process that held another call's code
+or output. The server keeps a few children forked
 ahead of demand, each already confined (confine.py) and blocked on a pipe until its code arrives. The concurrency
 limit lives here and nowhere else. Sessions (per-episode state) are fork snapshots (child.py); between two of its
 calls a session is stopped, and anything but its head that it left running is killed.
 
-Two zygotes, one class: the lean one is forked once the standard library's preloads are warm, the full one after
-the rest (sympy, numpy). Forking and exiting cost in proportion to the zygote's heap (its page tables), and most of
-the full heap is sympy and numpy, so a stateless call whose code names none of the modules only the full zygote
-holds, and nothing that imports by a computed name, gets a child of the lean one (`needs_full`). The choice is only
-about speed: a lean child that imports sympy after all imports it from disk, slower, with the same result and the
-same confinement (the zygote's code, limits and layers are the same; each probes its layers, and the lean one is
-used only if it reports exactly the full one's). Sessions always use the full zygote.
+Two zygotes (start.py): the full one, and a lean one without sympy and numpy whose children cost less; each
+stateless call takes a child of the one its code needs (`needs_full`), sessions always the full one.
 
 Protocol: on a Unix socket, one request per connection (protocol.py).
 """
@@ -22,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import itertools
 import json
 import math
@@ -32,61 +27,15 @@ import signal
 import socket
 import struct
 import sys
-import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import cell, confine
 from .cgroups import CallGroup
-from .child import warm_up_cell
 from .protocol import pack, read_frame, recv_message, send_message
-from .zygote import ZygoteConfig
-from .zygote import run as run_zygote
-
-PRELOAD = [
-    "math", "cmath", "fractions", "decimal", "itertools", "functools", "collections", "statistics", "random", "re",
-    "string", "heapq", "bisect", "operator", "copy", "json", "datetime", "time", "typing", "dataclasses", "numbers",
-    "array", "textwrap", "pprint", "enum", "sympy", "numpy",
-]  # fmt: skip
-_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE = 1, 4
-_M_ARENA_MAX = -8
-# Names that import a module without naming it in the code: a call using one gets the full zygote.
-_DYNAMIC = frozenset({"__import__", "importlib", "exec", "eval", "__builtins__", "builtins", "runpy", "pkgutil"})
-_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-SCAN_LIMIT = 32768  # characters; longer code gets the full zygote unscanned
-
-
-def lean_preload(preload: list[str]) -> list[str]:
-    """What the lean zygote preloads: the standard library's part of `preload`."""
-    return [name for name in preload if name.partition(".")[0] in sys.stdlib_module_names]
-
-
-def needs_full(code: str, heavy: frozenset[str]) -> bool:
-    """Whether `code` should run in a child of the full zygote: it mentions a module that only the full zygote
-    preloads (`heavy`: top-level names), or a way to import by a computed name. One linear scan of the
-    identifier-like words anywhere in it (comments and strings too: `__import__("sympy")` names sympy); only the
-    speed depends on it, never the result."""
-    if len(code) > SCAN_LIMIT:
-        return True
-    words = set(_WORD.findall(code))
-    return not (words.isdisjoint(heavy) and words.isdisjoint(_DYNAMIC))
-
-
-@dataclass(kw_only=True)
-class Config(ZygoteConfig):
-    """What the client decides; sent to the server as JSON on its standard input."""
-
-    listen_fd: int
-    lifeline_fd: int
-    uid_block_fd: int = -1  # held for life (and by the zygote): the lock on this server's uid block (uids.py)
-    max_concurrency: int = 2
-    prefork: int = 2
-    max_sessions: int = 64
-    session_memory_mb: int = 0  # what idle sessions may hold in all; 0: half the memory available at start
-    preload: list[str] = field(default_factory=lambda: list(PRELOAD))
-    lean_zygote: bool = True  # a second zygote, without the preloads beyond the standard library
+from .start import Config, needs_full
 
 
 @dataclass
@@ -214,34 +163,6 @@ def _confinement(report: dict[str, Any]) -> tuple[Any, ...]:
     child = report.get("child", {})
     kept = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp", "dumpable")
     return sorted(report.get("missing", {})), [child.get(key) for key in kept], "ns_user" in child
-
-
-def warm_up(preload: list[str]) -> None:
-    """Import and exercise the libraries model code uses, then freeze them out of the GC (copy-on-write friendly)."""
-    for name in preload:
-        with contextlib.suppress(Exception):
-            __import__(name)
-    if "sympy" in sys.modules:
-        import sympy
-
-        x, y = sympy.symbols("x y")
-        sympy.factor(x**4 - 1), sympy.solve([x + y - 3, x - y - 1], [x, y]), sympy.simplify(sympy.sin(x) ** 2 + sympy.cos(x) ** 2)
-        sympy.expand((x + 1) ** 5), sympy.Rational(3, 4) + 1, sympy.isprime(97), sympy.factorint(360), sympy.N(sympy.pi, 30)
-        sympy.nsimplify(0.5), sympy.sqrt(8), sympy.binomial(10, 3), sympy.diff(x**3, x), sympy.integrate(x**2, x)
-        sympy.Matrix([[1, 2], [3, 4]]).det(), sympy.summation(x, (x, 1, 10)), sympy.limit(1 / x, x, sympy.oo)
-        str(sympy.latex(x**2 / 3)), sympy.gcd(12, 18), sympy.divisors(12), sympy.totient(10), sympy.primerange(1, 20)
-    if "numpy" in sys.modules:
-        import numpy as np
-
-        a = np.arange(16.0).reshape(4, 4) + np.eye(4)
-        np.linalg.solve(a, np.ones(4)), np.linalg.det(a), np.random.default_rng(0).random(3), str(a), np.sort(a)
-    warm_up_cell()
-    sys.set_int_max_str_digits(0)
-    threading.stack_size(512 * 1024)  # so hundreds of threads fit under the address-space limit
-    with contextlib.suppress(Exception):
-        confine.libc().mallopt(_M_ARENA_MAX, 2)  # glibc reserves 64 MB of address space per malloc arena otherwise
-    gc.collect()
-    gc.freeze()
 
 
 class Server:
@@ -770,41 +691,3 @@ class Server:
         finally:
             server.close()
             self.shutdown()
-
-
-def _start_zygote(name: str, config: ZygoteConfig, close: list[int]) -> ZygoteLink:
-    """Fork a zygote of this process as it is now; it closes `close` (descriptors only the server may hold)."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    pid = os.fork()  # before any request: the zygote's memory holds no code and no output, ever
-    if pid == 0:
-        ours.close()
-        run_zygote(theirs, config, close=close)
-    theirs.close()
-    return ZygoteLink(name, ours, pid)
-
-
-def main() -> None:
-    """Entry point: `python -c ... server.main()`, the JSON config on standard input (not on the command line,
-    which any process may read).
-
-    The lean zygote is forked once the standard library's preloads are warm, the full one after the rest; each
-    takes half of the server's uids (its last one for its probes) and names its cgroups apart."""
-    config = Config(**json.loads(sys.stdin.readline()))
-    libc = confine.libc()
-    libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
-    close = [config.listen_fd, config.lifeline_fd, 0]
-    lean, heavy, full_config = None, frozenset[str](), config
-    if config.lean_zygote and lean_preload(config.preload) != config.preload:
-        half = config.uid_count // 2
-        full_config = replace(config, uid_count=half)
-        lean_config = replace(config, uid_base=config.uid_base + half, uid_count=config.uid_count - half,
-                                          group_prefix="lean-")
-        warm_up(lean_preload(config.preload))
-        lean_modules = set(sys.modules)
-        lean = _start_zygote("lean", lean_config, close)
-        close.append(lean.sock.fileno())
-    warm_up(config.preload)
-    if lean is not None:
-        heavy = frozenset(name.partition(".")[0] for name in sys.modules.keys() - lean_modules)
-    full = _start_zygote("full", full_config, close)
-    asyncio.run(Server(config, full, lean, heavy).serve())
