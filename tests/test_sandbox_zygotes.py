@@ -261,3 +261,18 @@ def test_one_zygote_when_asked_or_nothing_is_heavy():
         with LocalSandbox(prefork=1, **kwargs) as sb:
             assert sb.run_sync("print(2)").stdout == "2\n"
             assert list(asyncio.run(sb.info())["zygotes"]) == ["full"]
+
+
+def test_the_lean_zygote_is_used_only_with_the_full_ones_layers():
+    """What the server compares before it uses the lean zygote: the missing layers and what a probe child had,
+    not what differs per child (its uid, cgroup and namespaces)."""
+    from retool_env.sandbox.forkserver.server import _confinement
+
+    child = {"Uid": "2000000001", "CapEff": "0000000000000000", "CapBnd": "0000000000000000", "NoNewPrivs": "1",
+             "Seccomp": "2", "dumpable": 0, "ns_user": "user:[1]", "cgroup": "a"}
+    full = {"missing": {}, "child": child}
+    same = {"missing": {}, "child": {**child, "Uid": "2000008193", "ns_user": "user:[2]", "cgroup": "b"}}
+    assert _confinement(same) == _confinement(full)
+    for weaker in ({"missing": {"seccomp": "no"}, "child": child}, {"missing": {}, "child": {**child, "Seccomp": "0"}},
+                   {"missing": {}, "child": {k: v for k, v in child.items() if k != "ns_user"}}):
+        assert _confinement(weaker) != _confinement(full)
