@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import shutil
 import signal
+import tempfile
 import time
 from pathlib import Path
 
@@ -96,13 +98,16 @@ def test_lean_preload_is_the_standard_librarys_part():
 
 
 def test_each_call_gets_the_zygote_its_code_needs(sandbox):
-    loaded = "import sys\nprint(('sym' + 'py') in sys.modules)"  # what its zygote preloaded
+    loaded = "import sys\nprint(('sym' + 'p' + 'y') in sys.modules)"  # what its zygote preloaded
     (lean,), counts = routed(sandbox, loaded)
     assert lean.stdout == "False\n" and counts == {"lean": 1, "full": 0}, (lean, counts)
     (full,), counts = routed(sandbox, "import sympy\n" + loaded)
     assert full.stdout == "True\n" and counts == {"lean": 0, "full": 1}, (full, counts)
     (dynamic,), counts = routed(sandbox, "m = __import__('num' + 'py')\nprint(m.arange(4).sum())")
     assert dynamic.stdout == "6\n" and counts == {"lean": 0, "full": 1}, (dynamic, counts)
+    # Any package outside the standard library (most build on numpy): gymnasium is installed, and not preloaded.
+    (package,), counts = routed(sandbox, "import gymnasium\nprint(gymnasium.spaces.Discrete(3).n)")
+    assert package.stdout == "3\n" and counts == {"lean": 0, "full": 1}, (package, counts)
 
 
 def test_a_lean_child_still_imports_what_it_needs(sandbox):
@@ -117,7 +122,7 @@ def test_a_lean_child_still_imports_what_it_needs(sandbox):
 
 def test_sessions_use_the_full_zygote(sandbox):
     before = forked(sandbox)
-    assert sandbox.run_sync("import sys\nprint(('sym' + 'py') in sys.modules)", session="s").stdout == "True\n"
+    assert sandbox.run_sync("import sys\nprint(('sym' + 'p' + 'y') in sys.modules)", session="s").stdout == "True\n"
     asyncio.run(sandbox.close_session("s"))
     after = forked(sandbox)
     assert after["lean"] == before["lean"] and after["full"] == before["full"] + 1
@@ -160,9 +165,11 @@ def test_both_zygotes_give_the_same_results(sandbox):
 # -- the same isolation, for calls that land on the lean zygote ---------------------------------------------------
 
 
-def test_lean_calls_are_as_contained(sandbox, tmp_path):
-    """Attacks from the isolation suite, each routed to the lean zygote; their outcomes seen from outside."""
+def test_lean_calls_are_as_contained(sandbox):
+    """Attacks from the isolation suite, each routed to the lean zygote; their outcomes seen from outside. (Not in
+    pytest's tmp_path: a path naming pytest, a package, would route the code to the full zygote.)"""
     token = secrets.token_hex(16)
+    tmp_path = Path(tempfile.mkdtemp(prefix="lean-canary-"))
     canary = tmp_path / "secret"
     canary.write_text(token)
     canary.chmod(0o600)
@@ -196,6 +203,7 @@ def test_lean_calls_are_as_contained(sandbox, tmp_path):
         for path in (canary, home / "token"):
             path.unlink(missing_ok=True)
         home.rmdir()
+        shutil.rmtree(tmp_path, ignore_errors=True)
 
 
 def test_lean_and_full_children_never_share_a_uid(sandbox):

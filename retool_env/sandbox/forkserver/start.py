@@ -47,8 +47,9 @@ def lean_preload(preload: list[str]) -> list[str]:
 
 
 def needs_full(code: str, heavy: frozenset[str]) -> bool:
-    """Whether `code` should run in a child of the full zygote: it mentions a module that only the full zygote
-    preloads (`heavy`: top-level names), or a way to import by a computed name. One linear scan of the
+    """Whether `code` should run in a child of the full zygote: it mentions a module in `heavy` (top-level names:
+    what only the full zygote preloads, and every package outside the standard library), or a way to import by a
+    computed name. One linear scan of the
     identifier-like words anywhere in it (comments and strings too: `__import__("sympy")` names sympy); only the
     speed depends on it, never the result."""
     if len(code) > SCAN_LIMIT:
@@ -100,6 +101,15 @@ def warm_up(preload: list[str]) -> None:
     gc.freeze()
 
 
+def _third_party() -> frozenset[str]:
+    """Top-level modules importable from outside the standard library: most build on numpy or sympy (scipy,
+    pandas, networkx), which only the full zygote holds, so code that names one gets a full child. Not names of
+    one or two letters (pytest's `py`), which name variables and file suffixes far more often."""
+    import pkgutil
+
+    return frozenset(m.name for m in pkgutil.iter_modules() if m.name not in sys.stdlib_module_names and len(m.name) > 2)
+
+
 def _start_zygote(config: ZygoteConfig, close: list[int]) -> tuple[socket.socket, int]:
     """Fork a zygote of this process as it is now: (the server's end of its socket, its pid). It closes `close`
     (descriptors only the server may hold)."""
@@ -140,6 +150,6 @@ def main() -> None:
 
     warm_up(config.preload)
     if lean is not None:
-        heavy = frozenset(name.partition(".")[0] for name in sys.modules.keys() - lean_modules)
+        heavy = frozenset(name.partition(".")[0] for name in sys.modules.keys() - lean_modules) | _third_party()
     full = ZygoteLink("full", *_start_zygote(full_config, close))
     asyncio.run(Server(config, full, None if lean is None else ZygoteLink("lean", *lean), heavy).serve())
