@@ -3,16 +3,18 @@
 - `retool`: `LocalSandbox()` with its defaults (the strongest isolation this machine allows).
 - `baseline`: what slime does per call: write the code to a temp file wrapped to set RLIMIT_AS, then run
   `python3 file` as a subprocess (here without blocking the event loop, which flatters it).
-- `floor`: a bare `fork()` of a process warmed exactly like the fork server (same imports, warm-up, `gc.freeze()`)
-  running the snippet, with no isolation and no IPC: the least any fork-based design can cost.
+- `floor`: a bare `fork()` of a process warmed exactly like the zygote the row's calls used (the same imports,
+  warm-up and `gc.freeze()`: the lean one's, the standard library's preloads only, or the full one's, with sympy
+  and numpy), running the snippet, with no isolation and no IPC: the least any fork-based design can cost.
 
 Rows with a `gap` pause each caller that long between its calls, as an RL loop does while the model generates the
 next turn: the server then has its next children forked and confined before the calls arrive, so the row measures a
 call itself; back-to-back rows (gap 0) measure how fast children can be made. The floor forks in every call either way.
 
-Each retool row also says where its CPU went, per call (from /proc, as root or as the sandbox's user): the server,
-the zygote (its forks), the children it reaped (confining, running, exiting), and this client; and the page faults
-of each (most are copy-on-write copies of the zygote's pages). These are CPU times, so they hold under load better
+Each retool row names the zygote its calls used (the server's count of children each forked) and says where its
+CPU went, per call (from /proc, as root or as the sandbox's user): the server, that zygote (its forks), the children
+it reaped (confining, running, exiting), the other zygote, and this client; and the page faults of each (most are
+copy-on-write copies of the zygote's pages). These are CPU times, so they hold under load better
 than latencies do.
 
 Usage: `python bench/sandbox.py [--calls 64] [--baseline-calls 16] [--concurrency 1 4 16 64] [--gap-ms 0 25]`
@@ -58,9 +60,16 @@ print(_buf.getvalue(), end="")
 """
 
 FLOOR_WORKER = """
-import json, os, sys, time
-from retool_env.sandbox.forkserver.server import PRELOAD, warm_up
-warm_up(PRELOAD)  # the same imports, warm-up and gc.freeze() as the fork server
+import json, os, sys, time, types
+# As the server imports its package (local.py's bootstrap): not retool_env/__init__.py, which imports gymnasium.
+for name, path in (("retool_env", sys.argv[5]), ("retool_env.sandbox", sys.argv[6])):
+    module = types.ModuleType(name); module.__path__ = [path]; sys.modules[name] = module
+from retool_env.sandbox.forkserver import isolation  # as the server imports it first
+from retool_env.sandbox.forkserver.start import PRELOAD, lean_preload, warm_up
+# The same imports, warm-up and gc.freeze() as the zygote (start.main): the lean one's, then the rest for the full.
+warm_up(lean_preload(PRELOAD))
+if sys.argv[4] == "full":
+    warm_up(PRELOAD)
 code, concurrency, calls = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 devnull = os.open(os.devnull, os.O_WRONLY)
 started, latencies, launched = {}, [], 0
@@ -110,8 +119,15 @@ def _stat(pid: int) -> list[int]:
     return [int(fields[i]) for i in (7, 8, 11, 12, 13, 14)]
 
 
-def _server_and_zygote(sandbox: LocalSandbox) -> tuple[int, int] | None:
-    """(server, zygote): the zygote is the descendant with the most children (the pool), the server its parent."""
+def _inner_pid(pid: int) -> int:
+    """A host pid's number in its innermost pid namespace (the server's, for its zygotes)."""
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line for line in f if line.startswith("NSpid:")).split()[-1])
+
+
+def _server_and_zygotes(sandbox: LocalSandbox, zygotes: dict[str, int]) -> tuple[int, dict[str, int]] | None:
+    """(server, {zygote name: host pid}): the server's zygotes are the descendants whose pids in its namespace are
+    those it reports (`zygotes`), the server their parent."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{entry}/stat") as f:
@@ -119,28 +135,33 @@ def _server_and_zygote(sandbox: LocalSandbox) -> tuple[int, int] | None:
             children.setdefault(parent, []).append(int(entry))
     if sandbox.server_pid is None:
         return None
-    level, depth = [sandbox.server_pid], 0
-    found: list[tuple[int, int, int, int]] = []  # (its children, depth, pid, parent)
-    while level:
-        depth += 1
-        found += [(len(children.get(c, [])), depth, c, pid) for pid in level for c in children.get(pid, [])]
+    level, found, server = [sandbox.server_pid], {}, 0
+    while level and len(found) < len(zygotes):
+        for pid in level:
+            for child in children.get(pid, []):
+                with contextlib.suppress(OSError, StopIteration):
+                    name = next((n for n, inner in zygotes.items() if inner == _inner_pid(child)), None)
+                    if name is not None and children.get(child):  # a zygote has its pool below it
+                        found[name], server = child, pid
         level = [c for pid in level for c in children.get(pid, [])]
-    if not found:
-        return None
-    _, _, zygote, server = max(found)
-    return server, zygote
+    return (server, found) if len(found) == len(zygotes) else None
 
 
-def _cpu_snapshot(pids: tuple[int, int] | None) -> dict | None:
+def _cpu_snapshot(pids: tuple[int, dict[str, int]] | None, used: str) -> dict | None:
+    """CPU ms and page faults so far: the server, the zygote `used` and its children, the other zygotes and theirs."""
     if pids is None:
         return None
     with contextlib.suppress(OSError):
-        server, zygote = _stat(pids[0]), _stat(pids[1])
+        server = _stat(pids[0])
+        zygotes = {name: _stat(pid) for name, pid in pids[1].items()}
+        zygote, others = zygotes.pop(used), list(zygotes.values())
         usage = resource.getrusage(resource.RUSAGE_SELF)
         tick = 1000 / os.sysconf("SC_CLK_TCK")
         return {
             "cpu_ms": {"server": (server[2] + server[3]) * tick, "zygote": (zygote[2] + zygote[3]) * tick,
-                       "children": (zygote[4] + zygote[5]) * tick, "client": (usage.ru_utime + usage.ru_stime) * 1e3},
+                       "children": (zygote[4] + zygote[5]) * tick,
+                       "other_zygote": sum(z[2] + z[3] + z[4] + z[5] for z in others) * tick,
+                       "client": (usage.ru_utime + usage.ru_stime) * 1e3},
             "faults": {"server": server[0], "zygote": zygote[0], "children": zygote[1]},
         }  # fmt: skip
     return None
@@ -159,12 +180,16 @@ async def bench_retool(sandbox: LocalSandbox, code: str, concurrency: int, calls
         result = await sandbox.run(code, timeout=60)
         assert result.ok, result
 
+    forked = {name: z["forked"] for name, z in (await sandbox.info())["zygotes"].items()}
     await _drive(call, concurrency, min(calls, 2 * concurrency))  # warm the pool and the caches
-    pids = _server_and_zygote(sandbox)
-    before = _cpu_snapshot(pids)
+    info = (await sandbox.info())["zygotes"]
+    used = max(info, key=lambda name: info[name]["forked"] - forked[name])  # the one whose children the calls took
+    pids = _server_and_zygotes(sandbox, {name: z["pid"] for name, z in info.items()})
+    before = _cpu_snapshot(pids, used)
     raw = await _drive(call, concurrency, calls, gap)
     await asyncio.sleep(0.2)  # the last children exit and are reaped (their CPU counts once they are)
-    raw["per_call"] = _per_call(before, _cpu_snapshot(pids), calls)
+    raw["per_call"] = _per_call(before, _cpu_snapshot(pids, used), calls)
+    raw["zygote"] = used
     return raw
 
 
@@ -185,9 +210,12 @@ async def bench_baseline(code: str, concurrency: int, calls: int, gap: float = 0
     return await _drive(call, concurrency, calls, gap)
 
 
-def bench_floor(code: str, concurrency: int, calls: int) -> dict:
+def bench_floor(code: str, concurrency: int, calls: int, zygote: str = "full") -> dict:
+    """The floor for a row whose calls used `zygote` ("full" or "lean"): a process warmed like it."""
+    sandbox_dir = os.path.dirname(sys.modules[LocalSandbox.__module__].__file__ or "")
+    package_root = os.path.dirname(os.path.dirname(sandbox_dir))
     out = subprocess.run(
-        [sys.executable, "-c", FLOOR_WORKER, code, str(concurrency), str(calls)],
+        [sys.executable, "-c", FLOOR_WORKER, code, str(concurrency), str(calls), zygote, package_root, sandbox_dir],
         capture_output=True, text=True, check=True, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"},
     )  # fmt: skip
     return json.loads(out.stdout)
@@ -202,6 +230,7 @@ def summarize(raw: dict) -> dict:
         "p99_ms": p99 * 1e3,
         "calls_per_s": len(lat) / raw["wall"],
         **({"per_call": raw["per_call"]} if raw.get("per_call") else {}),
+        **({"zygote": raw["zygote"]} if raw.get("zygote") else {}),
     }
 
 
@@ -241,9 +270,10 @@ async def main() -> None:
             code = SNIPPETS[name]
             for c, gap_ms in itertools.product(args.concurrency, args.gap_ms):
                 gap = gap_ms / 1000
+                retool = summarize(await bench_retool(sandbox, code, c, max(args.calls, c), gap))
                 cell = {
-                    "retool": summarize(await bench_retool(sandbox, code, c, max(args.calls, c), gap)),
-                    "floor": summarize(bench_floor(code, c, max(args.calls, c))),
+                    "retool": retool,
+                    "floor": summarize(bench_floor(code, c, max(args.calls, c), retool.get("zygote", "full"))),
                     "baseline": summarize(await bench_baseline(code, c, max(args.baseline_calls, c), gap)),
                 }
                 rows.append({"snippet": name, "concurrency": c, "gap_ms": gap_ms, **cell})
@@ -272,8 +302,10 @@ def print_row(row: dict, header: bool) -> None:
     per_call = r.get("per_call")
     if per_call:
         cpu, faults = per_call["cpu_ms"], per_call["faults"]
-        print(f"  retool CPU ms per call: {cpu['total']:.1f} (server {cpu['server']:.1f}, zygote {cpu['zygote']:.1f}, "
-              f"children {cpu['children']:.1f}, client {cpu['client']:.1f}); page faults per call: server "
+        print(f"  {r.get('zygote', 'full')} zygote (the floor is warmed like it); retool CPU ms per call: "
+              f"{cpu['total']:.1f} (server {cpu['server']:.1f}, zygote {cpu['zygote']:.1f}, "
+              f"children {cpu['children']:.1f}, other zygote {cpu['other_zygote']:.1f}, client {cpu['client']:.1f}); "
+              "page faults per call: server "
               f"{faults['server']:.0f}, zygote {faults['zygote']:.0f}, children {faults['children']:.0f}", flush=True)
 
 

@@ -72,7 +72,7 @@ def server_host_pid(sb: LocalSandbox) -> int:
     for pid in [sb.server_pid, *descendants(sb.server_pid)]:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             argv = f.read().split(b"\0")
-        if argv[0] == sys.executable.encode() and b"retool_env.sandbox.forkserver.server" in b" ".join(argv):
+        if argv[0] == sys.executable.encode() and b"retool_env.sandbox.forkserver.start" in b" ".join(argv):
             return pid
     raise AssertionError("no server process found")
 
@@ -140,9 +140,10 @@ def test_bare_fallback_echo_off_and_cleanup():
         assert run(sb, "x = 5\nx", echo=True).output.strip() == "5"
         escape = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\nprint('parent done')"
         assert run(sb, escape).output.strip() == "parent done"
-        def settled() -> bool:  # the pool is refilled and nothing else is alive: the zygote and one child
+        def settled() -> bool:  # the pools are refilled and nothing else is alive: each zygote and its one child
             inner = 0 if sb.wrapper == "none" else 1  # the server below the process outside its namespaces
-            return asyncio.run(sb.info())["pool"] == 1 and len(descendants(sb.server_pid)) == 2 + inner
+            info = asyncio.run(sb.info())
+            return info["pool"] == len(info["zygotes"]) == 2 and len(descendants(sb.server_pid)) == 4 + inner
 
         deadline = time.time() + 5
         while time.time() < deadline and not settled():

@@ -29,7 +29,7 @@ from .forkserver import isolation as _isolation
 from .forkserver import seccomp, uids
 from .forkserver.cgroups import Delegation
 from .forkserver.protocol import pack, read_frame
-from .forkserver.server import PRELOAD
+from .forkserver.start import PRELOAD
 
 _SANDBOX_DIR = os.path.dirname(os.path.abspath(__file__))
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(_SANDBOX_DIR))
@@ -43,7 +43,7 @@ _BOOTSTRAP = (
     "from retool_env.sandbox.forkserver import isolation\n"
     "config = isolation.enter(json.loads(sys.stdin.readline()))\n"
     "sys.stdin = io.StringIO(json.dumps(config) + '\\n')\n"
-    "from retool_env.sandbox.forkserver.server import main\n"
+    "from retool_env.sandbox.forkserver.start import main\n"
     "main()\n"
 )
 _CLEAN_ENV = {
@@ -198,6 +198,8 @@ class LocalSandbox(Sandbox):
         drop_uid: as root, give every live call or session its own unprivileged uid. Always on as root: no child
             ever runs as uid 0 (False is refused).
         tmp_mb, shm_mb: size of each call's private /tmp and /dev/shm (counted in its cgroup's memory too).
+        lean_zygote: also keep a zygote without the preloads beyond the standard library, for stateless code that
+            names none of them: its children fork and exit faster (docs/sandbox.md); False: one zygote for all.
         require: `safe` (default: refuse to start unless model code gets the read-only allowlist view and, as root,
             its own non-zero uid; the error names the fix), `strict` (every layer; a uid per call and cgroups only
             as root) or `none` (start with what this machine allows, warning once about what is missing).
@@ -224,6 +226,7 @@ class LocalSandbox(Sandbox):
         shm_mb: int = 64,
         require: str = "safe",
         preload: list[str] | None = None,
+        lean_zygote: bool = True,
         start_timeout: float = 120.0,
     ) -> None:
         if require not in REQUIRE:
@@ -260,6 +263,7 @@ class LocalSandbox(Sandbox):
             "tmp_mb": tmp_mb,
             "shm_mb": shm_mb,
             "preload": list(PRELOAD if preload is None else preload),
+            "lean_zygote": lean_zygote,
         }
         self._process: _Process | None = None
         self._lock = threading.Lock()

@@ -144,7 +144,10 @@ def _format_exception(exc: BaseException, max_lines: int) -> str:
 
 def run_cell(source: str, namespace: dict[str, Any], *, echo: bool, traceback_lines: int) -> tuple[int, int]:
     """Execute `source` in `namespace`; return (status, exit code). Never raises."""
-    linecache.cache[CELL] = (len(source), None, source.splitlines(True), CELL)
+    # Each line as a file's would be, newline included: a traceback's carets under the last line are otherwise
+    # one column off.
+    lines = [line if line.endswith("\n") else line + "\n" for line in source.splitlines(True)]
+    linecache.cache[CELL] = (len(source), None, lines, CELL)
     try:
         try:
             tree = ast.parse(source, CELL, "exec")

@@ -8,12 +8,14 @@
 from __future__ import annotations
 
 import array
-import asyncio
 import json
 import os
 import socket
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # not imported at run time: the lean zygote (start.py) holds no asyncio
+    import asyncio
 
 _FRAME = struct.Struct(">I")
 _MAX_FDS = 4

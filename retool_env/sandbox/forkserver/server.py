@@ -1,11 +1,15 @@
 """The sandbox server: a pre-warmed Python that schedules calls and sessions onto confined children.
 
 Started once by `LocalSandbox` (never forked from the trainer), with an empty environment and, where the machine
-allows, inside bubblewrap. Right after warming up it forks the zygote (zygote.py), which forks every child, so no
-child is ever a copy of a process that held another call's code or output. The server keeps a few children forked
+allows, inside bubblewrap. Right after warming up, before the first request, its entry point (start.py) forks the
+zygotes (zygote.py), which fork every child, so no child is ever a copy of a process that held another call's code
+or output. The server keeps a few children forked
 ahead of demand, each already confined (confine.py) and blocked on a pipe until its code arrives. The concurrency
 limit lives here and nowhere else. Sessions (per-episode state) are fork snapshots (child.py); between two of its
 calls a session is stopped, and anything but its head that it left running is killed.
+
+Two zygotes (start.py): the full one, and a lean one without sympy and numpy whose children cost less; each
+stateless call takes a child of the one its code needs (`needs_full`), sessions always the full one.
 
 Protocol: on a Unix socket, one request per connection (protocol.py).
 """
@@ -14,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import itertools
 import json
 import math
@@ -24,38 +27,27 @@ import signal
 import socket
 import struct
 import sys
-import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import cell, confine, zygote
+from . import cell, confine
 from .cgroups import CallGroup
-from .child import warm_up_cell
 from .protocol import pack, read_frame, recv_message, send_message
-
-PRELOAD = [
-    "math", "cmath", "fractions", "decimal", "itertools", "functools", "collections", "statistics", "random", "re",
-    "string", "heapq", "bisect", "operator", "copy", "json", "datetime", "time", "typing", "dataclasses", "numbers",
-    "array", "textwrap", "pprint", "enum", "sympy", "numpy",
-]  # fmt: skip
-_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE = 1, 4
-_M_ARENA_MAX = -8
+from .start import Config, needs_full
 
 
-@dataclass(kw_only=True)
-class Config(zygote.ZygoteConfig):
-    """What the client decides; sent to the server as JSON on its standard input."""
+@dataclass
+class ZygoteLink:
+    """The server's end of one zygote: its socket and pid, and the children it forked ahead of demand."""
 
-    listen_fd: int
-    lifeline_fd: int
-    uid_block_fd: int = -1  # held for life (and by the zygote): the lock on this server's uid block (uids.py)
-    max_concurrency: int = 2
-    prefork: int = 2
-    max_sessions: int = 64
-    session_memory_mb: int = 0  # what idle sessions may hold in all; 0: half the memory available at start
-    preload: list[str] = field(default_factory=lambda: list(PRELOAD))
+    name: str  # "full" or "lean"
+    sock: socket.socket
+    pid: int
+    pool: list[Child] = field(default_factory=list)
+    refilling: bool = False
+    forked: int = 0  # children it has forked (for `info`, and the bench's record of which zygote a call used)
 
 
 @dataclass
@@ -63,6 +55,7 @@ class Child:
     """A confined process, its code pipe and output buffer; `sid` names every process it starts."""
 
     cid: int
+    zygote: ZygoteLink
     pid: int
     code_fd: int
     buffer: cell.OutputBuffer
@@ -165,41 +158,21 @@ def _anonymous_bytes(pid: int) -> int:
     return 0
 
 
-def warm_up(preload: list[str]) -> None:
-    """Import and exercise the libraries model code uses, then freeze them out of the GC (copy-on-write friendly)."""
-    for name in preload:
-        with contextlib.suppress(Exception):
-            __import__(name)
-    if "sympy" in sys.modules:
-        import sympy
-
-        x, y = sympy.symbols("x y")
-        sympy.factor(x**4 - 1), sympy.solve([x + y - 3, x - y - 1], [x, y]), sympy.simplify(sympy.sin(x) ** 2 + sympy.cos(x) ** 2)
-        sympy.expand((x + 1) ** 5), sympy.Rational(3, 4) + 1, sympy.isprime(97), sympy.factorint(360), sympy.N(sympy.pi, 30)
-        sympy.nsimplify(0.5), sympy.sqrt(8), sympy.binomial(10, 3), sympy.diff(x**3, x), sympy.integrate(x**2, x)
-        sympy.Matrix([[1, 2], [3, 4]]).det(), sympy.summation(x, (x, 1, 10)), sympy.limit(1 / x, x, sympy.oo)
-        str(sympy.latex(x**2 / 3)), sympy.gcd(12, 18), sympy.divisors(12), sympy.totient(10), sympy.primerange(1, 20)
-    if "numpy" in sys.modules:
-        import numpy as np
-
-        a = np.arange(16.0).reshape(4, 4) + np.eye(4)
-        np.linalg.solve(a, np.ones(4)), np.linalg.det(a), np.random.default_rng(0).random(3), str(a), np.sort(a)
-    warm_up_cell()
-    sys.set_int_max_str_digits(0)
-    threading.stack_size(512 * 1024)  # so hundreds of threads fit under the address-space limit
-    with contextlib.suppress(Exception):
-        confine.libc().mallopt(_M_ARENA_MAX, 2)  # glibc reserves 64 MB of address space per malloc arena otherwise
-    gc.collect()
-    gc.freeze()
+def _confinement(report: dict[str, Any]) -> tuple[Any, ...]:
+    """What a zygote's probe child had, less what differs per child (its uid, cgroup, namespaces' ids)."""
+    child = report.get("child", {})
+    kept = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp", "dumpable")
+    return sorted(report.get("missing", {})), [child.get(key) for key in kept], "ns_user" in child
 
 
 class Server:
-    def __init__(self, config: Config, zygote_sock: socket.socket, zygote_pid: int) -> None:
+    def __init__(self, config: Config, full: ZygoteLink, lean: ZygoteLink | None = None,
+                 heavy: frozenset[str] = frozenset()) -> None:
         self.config = config
-        self.zygote = zygote_sock
-        self.zygote_pid = zygote_pid
+        self.full = full  # sessions, and stateless code that needs what only it preloads
+        self.lean = lean
+        self.heavy = heavy  # top-level modules only the full zygote preloads
         self.semaphore = asyncio.Semaphore(config.max_concurrency)
-        self.pool: list[Child] = []
         self.forking: dict[int, asyncio.Future[tuple[int, asyncio.Future[Any], CallGroup | None]]] = {}
         self.waiters: dict[int, asyncio.Future[tuple[int, float, bool]]] = {}
         self.sessions: OrderedDict[str, Session] = OrderedDict()
@@ -207,22 +180,31 @@ class Server:
         self.running: dict[int, Child] = {}
         self.cids = itertools.count(1)
         self.stopped = asyncio.Event()
-        self.refilling = False
         self.layers: dict[str, Any] = {}
         self.memory_budget = (config.session_memory_mb or _available_mb() // 2) << 20
-        self.zygote_anon = _anonymous_bytes(zygote_pid)
+        self.zygote_anon = _anonymous_bytes(full.pid)
         self.evicted = 0  # sessions closed to fit the memory budget
 
     # -- the zygote ----------------------------------------------------------------------------------------------
 
-    def _on_zygote(self) -> None:
+    @property
+    def zygotes(self) -> list[ZygoteLink]:
+        return [self.full] if self.lean is None else [self.full, self.lean]
+
+    def zygote_for(self, code: object) -> ZygoteLink:
+        """The zygote a stateless call's child comes from (`needs_full`)."""
+        if self.lean is None or not isinstance(code, str) or needs_full(code, self.heavy):
+            return self.full
+        return self.lean
+
+    def _on_zygote(self, zygote: ZygoteLink) -> None:
         try:
-            message, fds = recv_message(self.zygote)
+            message, fds = recv_message(zygote.sock)
         except OSError:
             message, fds = None, []
         for fd in fds:
             os.close(fd)
-        if message is None:  # the zygote died: nothing can run any more
+        if message is None:  # a zygote died: stop, and the client starts a fresh server (both zygotes) at its next call
             self.stopped.set()
             return
         loop = asyncio.get_running_loop()
@@ -241,8 +223,8 @@ class Server:
             if ended is not None and not ended.done():
                 ended.set_result((message["status"], message["cpu"], message["oom"]))
 
-    async def _fork(self, *, session: bool) -> Child:
-        """Have the zygote fork a confined child with a private code pipe and output buffer (and status socket)."""
+    async def _fork(self, zygote: ZygoteLink, *, session: bool) -> Child:
+        """Have `zygote` fork a confined child with a private code pipe and output buffer (and status socket)."""
         cid = next(self.cids)
         buffer = cell.OutputBuffer(self.config.max_output_bytes)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # code in, `done <exit code>` out
@@ -250,8 +232,9 @@ class Server:
         status_r, status_w = (s.detach() for s in socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)) if session else (-1, -1)
         forked = self.forking[cid] = asyncio.get_running_loop().create_future()
         try:
-            send_message(self.zygote, {"op": "fork", "cid": cid, "session": session},
+            send_message(zygote.sock, {"op": "fork", "cid": cid, "session": session},
                          [code_r, buffer.fd] + ([status_w] if session else []))
+            zygote.forked += 1
         finally:
             os.close(code_r)
             buffer.release_fd()
@@ -259,7 +242,7 @@ class Server:
                 os.close(status_w)
         pid, exited, group = await forked
         os.set_blocking(code_w, False)
-        return Child(cid, pid, code_w, buffer, exited, sid=pid, status_fd=status_r, group=group)
+        return Child(cid, zygote, pid, code_w, buffer, exited, sid=pid, status_fd=status_r, group=group)
 
     def _discard(self, child: Child) -> None:
         """Kill a child's group, free its pipes and buffer, and have the zygote clean up after it. Idempotent."""
@@ -271,38 +254,38 @@ class Server:
                     os.close(fd)
         if child.code_fd >= 0 or child.status_fd >= 0:
             with contextlib.suppress(OSError):
-                send_message(self.zygote, {"op": "release", "cid": child.cid})
+                send_message(child.zygote.sock, {"op": "release", "cid": child.cid})
         child.code_fd = child.status_fd = -1
         child.buffer.close()
 
-    async def _refill(self) -> None:
-        """Fork what the pool lacks, all requests at once: the zygote forks a burst back to back (zygote.py)."""
+    async def _refill(self, zygote: ZygoteLink) -> None:
+        """Fork what a zygote's pool lacks, all requests at once: it forks a burst back to back (zygote.py)."""
         try:
-            while len(self.pool) < self.config.prefork and not self.stopped.is_set():
-                wanted = self.config.prefork - len(self.pool)
-                forked = await asyncio.gather(*(self._fork(session=False) for _ in range(wanted)),
+            while len(zygote.pool) < self.config.prefork and not self.stopped.is_set():
+                wanted = self.config.prefork - len(zygote.pool)
+                forked = await asyncio.gather(*(self._fork(zygote, session=False) for _ in range(wanted)),
                                               return_exceptions=True)
-                self.pool += [c for c in forked if isinstance(c, Child)]
+                zygote.pool += [c for c in forked if isinstance(c, Child)]
                 failed = next((c for c in forked if isinstance(c, BaseException)), None)
                 if failed is not None:
                     raise failed
         except OSError as exc:  # the next call forks on demand, and reports the failure if it persists
             print(f"sandbox server: prefork failed: {exc}", file=sys.stderr, flush=True)
         finally:
-            self.refilling = False
+            zygote.refilling = False
 
-    def _schedule_refill(self) -> None:
-        if not self.refilling and not self.stopped.is_set():
-            self.refilling = True
-            asyncio.get_running_loop().create_task(self._refill())
+    def _schedule_refill(self, zygote: ZygoteLink) -> None:
+        if not zygote.refilling and not self.stopped.is_set():
+            zygote.refilling = True
+            asyncio.get_running_loop().create_task(self._refill(zygote))
 
-    async def _take(self) -> Child:
-        while self.pool:
-            child = self.pool.pop(0)
+    async def _take(self, zygote: ZygoteLink) -> Child:
+        while zygote.pool:
+            child = zygote.pool.pop(0)
             if not child.exited.done():
                 return child
             self._discard(child)
-        return await self._fork(session=False)
+        return await self._fork(zygote, session=False)
 
     # -- results -------------------------------------------------------------------------------------------------
 
@@ -406,7 +389,7 @@ class Server:
 
     async def run_stateless(self, request: dict[str, Any]) -> dict[str, Any]:
         async with self.semaphore:
-            child = await self._take()
+            child = await self._take(self.zygote_for(request.get("code")))
             self.running[child.pid] = child
             start = time.perf_counter()
             timed_out = False
@@ -428,13 +411,13 @@ class Server:
                 # the next fork then compete with no one on a busy core.
                 loop = asyncio.get_running_loop()
                 loop.call_soon(self._discard, child)
-                loop.call_soon(self._schedule_refill)
+                loop.call_soon(self._schedule_refill, child.zygote)
 
     async def _open_session(self, name: str) -> Session:
         while len(self.sessions) >= self.config.max_sessions:  # close the least recently used, idle if possible
             idle = [key for key, s in self.sessions.items() if not s.lock.locked()]
             self._close(self.sessions.pop(idle[0] if idle else next(iter(self.sessions))))
-        head = await self._fork(session=True)
+        head = await self._fork(self.full, session=True)
         status = StatusChannel(head.status_fd)
         head.status_fd = -1  # owned by the channel now
         session = Session(head, status)
@@ -452,7 +435,7 @@ class Server:
         except (OSError, IndexError):
             return False
         parent, group, sid = int(fields[1]), int(fields[2]), int(fields[3])
-        return parent in (head.pid, self.zygote_pid) and group == pid and sid == head.sid
+        return parent in (head.pid, self.full.pid) and group == pid and sid == head.sid
 
     def _close(self, session: Session) -> None:
         session.status.close()
@@ -568,7 +551,7 @@ class Server:
             duration = time.perf_counter() - start
             if line == b"T\n" and started and self._is_cell(cell_pid, head):
                 exited = self.waiters[cell_pid] = asyncio.get_running_loop().create_future()  # the new head
-                session.head = Child(head.cid, cell_pid, head.code_fd, head.buffer, exited, sid=head.sid,
+                session.head = Child(head.cid, head.zygote, cell_pid, head.code_fd, head.buffer, exited, sid=head.sid,
                                      group=head.group)
                 session.took_over = True
                 # Stop the new head only once the old one has exited: its exit orphans the new head's process group,
@@ -603,7 +586,8 @@ class Server:
     def info(self) -> dict[str, Any]:
         return {
             "pid": os.getpid(),
-            "pool": len(self.pool),
+            "pool": sum(len(z.pool) for z in self.zygotes),
+            "zygotes": {z.name: {"pid": z.pid, "pool": len(z.pool), "forked": z.forked} for z in self.zygotes},
             "sessions": len(self.sessions),
             "session_memory_mb": sum(s.memory for s in self.sessions.values()) >> 20,
             "session_memory_budget_mb": self.memory_budget >> 20,
@@ -655,16 +639,18 @@ class Server:
 
     def shutdown(self) -> None:
         self.stopped.set()
-        for child in [*self.pool, *self.running.values()]:
+        for child in [*(c for z in self.zygotes for c in z.pool), *self.running.values()]:
             self._discard(child)
         for session in self.sessions.values():
             self._close(session)
-        self.zygote.close()  # the zygote then kills what is left and exits: wait for it
-        with contextlib.suppress(OSError):
-            for _ in range(300):
-                if os.waitpid(self.zygote_pid, os.WNOHANG)[0]:
-                    break
-                time.sleep(0.01)
+        for zygote in self.zygotes:
+            zygote.sock.close()  # each zygote then kills what is left and exits: wait for them
+        for zygote in self.zygotes:
+            with contextlib.suppress(OSError):
+                for _ in range(300):
+                    if os.waitpid(zygote.pid, os.WNOHANG)[0]:
+                        break
+                    time.sleep(0.01)
 
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()
@@ -678,15 +664,25 @@ class Server:
             self.stopped.set()
 
         loop.add_reader(self.config.lifeline_fd, lifeline)
-        message, _ = recv_message(self.zygote)  # which layers the zygote could apply, measured in a child
-        if message is None:
-            raise RuntimeError("the zygote died while probing isolation layers")
-        self.layers = {"missing": message["missing"], "child": message["child"]}
-        loop.add_reader(self.zygote.fileno(), self._on_zygote)
+        reports = {}
+        for zygote in self.zygotes:
+            message, _ = recv_message(zygote.sock)  # which layers the zygote could apply, measured in a child
+            if message is None:
+                raise RuntimeError(f"the {zygote.name} zygote died while probing isolation layers")
+            reports[zygote.name] = {"missing": message["missing"], "child": message["child"]}
+        self.layers = reports["full"]
+        if self.lean is not None and _confinement(reports["lean"]) != _confinement(self.layers):
+            print(f"sandbox server: the lean zygote's layers differ ({reports['lean']}); not using it",
+                  file=sys.stderr, flush=True)
+            self.lean.sock.close()  # it exits; shutdown() reaps it
+            self.lean = None
+        for zygote in self.zygotes:
+            loop.add_reader(zygote.sock.fileno(), self._on_zygote, zygote)
         listener = socket.socket(fileno=self.config.listen_fd)
         server = await asyncio.start_unix_server(self.handle, sock=listener, backlog=1024)
-        self.refilling = True
-        await self._refill()  # the first calls find their children waiting
+        for zygote in self.zygotes:
+            zygote.refilling = True
+        await asyncio.gather(*(self._refill(z) for z in self.zygotes))  # the first calls find their children waiting
         print("ready " + json.dumps(self.layers), flush=True)
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
@@ -695,19 +691,3 @@ class Server:
         finally:
             server.close()
             self.shutdown()
-
-
-def main() -> None:
-    """Entry point: `python -c ... server.main()`, the JSON config on standard input (not on the command line,
-    which any process may read)."""
-    config = Config(**json.loads(sys.stdin.readline()))
-    libc = confine.libc()
-    libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
-    warm_up(config.preload)
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    pid = os.fork()  # before any request: the zygote's memory holds no code and no output, ever
-    if pid == 0:
-        ours.close()
-        zygote.run(theirs, config, close=[config.listen_fd, config.lifeline_fd, 0])
-    theirs.close()
-    asyncio.run(Server(config, ours, pid).serve())

@@ -52,6 +52,7 @@ class ZygoteConfig:
     cgroup: dict[str, Any] | None = None  # Delegation fields
     masks: list[str] = field(default_factory=list)  # directories each child covers with its own tmpfs
     rebinds: list[tuple[str, str]] = field(default_factory=list)  # (visible copy, path under a mask) bound back
+    group_prefix: str = ""  # of its cgroups' names: two zygotes of one server make theirs in the same parent
 
 
 @dataclass
@@ -101,7 +102,7 @@ class Zygote:
         if self.free_groups:
             return self.free_groups.pop()
         self.groups_made += 1
-        return self._new_group(f"slot{self.groups_made}")
+        return self._new_group(f"{self.config.group_prefix}slot{self.groups_made}")
 
     def _spawn(self, layers: confine.Layers, fds: list[int], session: bool, main: Any,
                report_fd: int | None = None) -> int:
@@ -285,7 +286,7 @@ class Zygote:
             if not wanted:
                 continue
             try:
-                group = self._new_group("probe") if name == "cgroup" else None
+                group = self._new_group(f"{self.config.group_prefix}probe") if name == "cgroup" else None
             except OSError as exc:
                 self.missing[name], self.delegation = f"cannot create a cgroup: {exc}", None
                 continue
