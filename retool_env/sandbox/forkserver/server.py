@@ -430,7 +430,7 @@ class Server:
         try:
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):  # gone before the open, or reaped between open and read
             return gone_ok and pid > 0
         except (OSError, IndexError):
             return False
