@@ -284,3 +284,23 @@ def test_the_lean_zygote_is_used_only_with_the_full_ones_layers():
     for weaker in ({"missing": {"seccomp": "no"}, "child": child}, {"missing": {}, "child": {**child, "Seccomp": "0"}},
                    {"missing": {}, "child": {k: v for k, v in child.items() if k != "ns_user"}}):
         assert _confinement(weaker) != _confinement(full)
+
+
+def test_a_cell_reaped_while_its_stat_is_read_counts_as_gone(monkeypatch):
+    """The server checks a cell pid its head reports in /proc/<pid>/stat; a quick cell may be reaped between the
+    open and the read (ProcessLookupError), which is a cell that has gone, not a forged report."""
+    from retool_env.sandbox.forkserver import server
+
+    class Reaped:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def read(self):
+            raise ProcessLookupError(3, "No such process")
+
+    monkeypatch.setattr(server, "open", lambda *a, **k: Reaped(), raising=False)
+    assert server.Server._is_cell(None, 51, None, gone_ok=True)  # type: ignore[arg-type]
+    assert not server.Server._is_cell(None, 51, None)  # type: ignore[arg-type]  # without gone_ok: not a cell
