@@ -26,6 +26,8 @@ pytestmark = pytest.mark.timeout(120)
 
 SECRET = "retool-test-secret-8c1f2e"
 TIMEOUT = 2.0
+# Cases that test a limit other than time get room to finish beside the CPU burners running at the same moment.
+CASE_TIMEOUTS = {"threads_500": 20.0}
 MARGIN = 2.5  # seconds past the timeout a result may take on a loaded two-core machine
 
 CASES: dict[str, str] = {
@@ -98,14 +100,14 @@ def env(tmp_path_factory):
         for name, code in CASES.items()
     }
 
-    async def timed(code: str) -> tuple[ExecResult, float]:
+    async def timed(name: str, code: str) -> tuple[ExecResult, float]:
         start = time.perf_counter()
-        result = await sandbox.run(code)
+        result = await sandbox.run(code, timeout=CASE_TIMEOUTS.get(name))
         return result, time.perf_counter() - start
 
     async def main():
         baseline = await sandbox.info()
-        pairs = await asyncio.gather(*(timed(code) for code in codes.values()))
+        pairs = await asyncio.gather(*(timed(name, code) for name, code in codes.items()))
         return baseline, dict(zip(codes, pairs, strict=True))
 
     baseline, results = asyncio.run(main())
@@ -132,9 +134,9 @@ def test_every_case_returns_within_its_timeout(env, name):
     assert res.status in ("ok", "error", "timeout", "memory", "killed"), res
     # All cases share 8 slots, so a case may wait for one: allow a few timeouts of queueing on top. Killing and
     # reaping slow down on a machine busier than its cores, so the margin grows with the load the run saw.
-    margin = MARGIN * env["load"]
-    assert elapsed < 4 * TIMEOUT + margin, (name, elapsed, env["load"])
-    assert res.duration < TIMEOUT + margin, (name, res.duration, env["load"])
+    margin, limit = MARGIN * env["load"], CASE_TIMEOUTS.get(name, TIMEOUT)
+    assert elapsed < 3 * TIMEOUT + limit + margin, (name, elapsed, env["load"])
+    assert res.duration < limit + margin, (name, res.duration, env["load"])
 
 
 @pytest.mark.parametrize("name", ["empty", "whitespace"])
