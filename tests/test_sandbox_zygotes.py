@@ -304,3 +304,41 @@ def test_a_cell_reaped_while_its_stat_is_read_counts_as_gone(monkeypatch):
     monkeypatch.setattr(server, "open", lambda *a, **k: Reaped(), raising=False)
     assert server.Server._is_cell(None, 51, None, gone_ok=True)  # type: ignore[arg-type]
     assert not server.Server._is_cell(None, 51, None)  # type: ignore[arg-type]  # without gone_ok: not a cell
+
+
+_DRAIN_CHECK = """
+import ctypes, json, sys
+from retool_env.sandbox.forkserver import zygote
+lib = ctypes.CDLL(None)
+lib.mallinfo2.restype = zygote._MallInfo2
+lib.malloc.restype, lib.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+lib.free.argtypes = [ctypes.c_void_p]
+held = [lib.malloc(n) for n in range(24, 600, 8) for _ in range(40)]  # below the top chunk, never freed again
+for p in held[::2]:  # free chunks strewn between used ones, as a warm-up leaves them
+    lib.free(p)
+before = lib.mallinfo2()
+taken = zygote.drain_free_chunks()
+after = lib.mallinfo2()
+top = after.keepcost
+fresh = lib.malloc(16)
+print(json.dumps({"free_before": before.fordblks - before.keepcost, "free_after": after.fordblks - after.keepcost,
+                  "taken": taken, "top_before": before.keepcost, "top_after": top,
+                  "next_from_top": lib.mallinfo2().keepcost < top}))
+"""
+
+
+@pytest.mark.skipif(not hasattr(__import__("ctypes").CDLL(None), "mallinfo2"), reason="glibc >= 2.33 only")
+def test_the_zygote_drains_the_free_chunks_children_would_reuse():
+    """Before it forks, a zygote takes every free chunk of its heap, so a child's allocations come from the top of
+    the heap (fresh pages) and not from chunks strewn over pages it shares with the zygote; the top stays whole."""
+    import json
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONMALLOC": "malloc", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    out = subprocess.run([sys.executable, "-c", _DRAIN_CHECK], capture_output=True, text=True, env=env, check=True)
+    report = json.loads(out.stdout)
+    assert report["free_before"] > 100_000, report  # the check made free chunks to drain
+    assert report["free_after"] < 1024, report  # none left but what the drain's own Python objects freed
+    assert report["taken"] > 0 and report["next_from_top"], report
+    assert report["top_after"] >= report["top_before"] - (1 << 16), report  # the top chunk was not eaten into
