@@ -110,6 +110,17 @@ def test_each_call_gets_the_zygote_its_code_needs(sandbox):
     assert package.stdout == "3\n" and counts == {"lean": 0, "full": 1}, (package, counts)
 
 
+def test_the_lean_zygote_holds_no_threading(sandbox):
+    """threading's after-fork hook runs in every child of a zygote that imported it, copying some 80 of its pages:
+    the lean zygote never imports it (the server imports it with asyncio, after the lean fork), so a call that
+    names it gets a full child, where it is preloaded."""
+    loaded = "import sys\nprint([name in sys.modules for name in ('thr' + 'eading', 'subpro' + 'cess')])"
+    (lean,), counts = routed(sandbox, loaded)
+    assert lean.stdout == "[False, False]\n" and counts == {"lean": 1, "full": 0}, (lean, counts)
+    (full,), counts = routed(sandbox, "import threading\n" + loaded + "\nprint(threading.active_count())")
+    assert full.stdout == "[True, True]\n1\n" and counts == {"lean": 0, "full": 1}, (full, counts)
+
+
 def test_a_lean_child_still_imports_what_it_needs(sandbox):
     """An import the scan cannot see (no module name, no dynamic import by name): the lean child imports sympy
     from disk, slower, with the same result."""
