@@ -60,11 +60,10 @@ def drain_free_chunks() -> int:
         for _ in range(_TCACHE_COUNT):
             malloc(size - 8)
             taken += 1
-    top = mallinfo2().keepcost
     while taken < _DRAIN_LIMIT:
         info = mallinfo2()
-        if info.fordblks - info.keepcost < 64 or info.keepcost < top:  # only the top chunk is left
-            break
+        if info.fordblks - info.keepcost - info.fsmblks < 64:  # the bins are empty: only the top chunk is left
+            break  # (and the few fast-bin chunks this loop's own Python objects freed)
         malloc(16)  # the smallest chunk: carves up whatever the bins hold
         taken += 1
     return taken
