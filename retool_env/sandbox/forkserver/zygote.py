@@ -33,6 +33,7 @@ from .protocol import recv_message, send_message
 _PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER, _PR_SET_DUMPABLE = 1, 36, 4
 _TCACHE_SIZES, _TCACHE_COUNT = range(16, 1040, 16), 7  # glibc's default per-thread cache: 64 sizes, 7 chunks each
 _DRAIN_LIMIT = 1 << 18  # mallocs: the zygote's heap holds a few MB free at most
+_DRAIN_BATCH = 256  # mallocs between two looks at what is left
 
 
 class _MallInfo2(ctypes.Structure):
@@ -60,12 +61,21 @@ def drain_free_chunks() -> int:
         for _ in range(_TCACHE_COUNT):
             malloc(size - 8)
             taken += 1
+    budget = None
     while taken < _DRAIN_LIMIT:
-        info = mallinfo2()
-        if info.fordblks - info.keepcost - info.fsmblks < 64:  # the bins are empty: only the top chunk is left
-            break  # (and the few fast-bin chunks this loop's own Python objects freed)
-        malloc(16)  # the smallest chunk: carves up whatever the bins hold
-        taken += 1
+        info = mallinfo2()  # it walks every free chunk: asked once per batch, not per allocation
+        left = info.fordblks - info.keepcost - info.fsmblks
+        if left < 64:  # the bins are empty: only the top chunk is left (and the few fast-bin chunks this loop's own
+            break  # Python objects freed)
+        # At most what was free, in the smallest chunks: what another thread's arena holds counts in `left` too,
+        # and this thread cannot take it.
+        budget = left // 32 + _DRAIN_BATCH if budget is None else budget
+        batch = min(_DRAIN_BATCH, budget)
+        if batch <= 0:
+            break
+        for _ in range(batch):
+            malloc(16)  # the smallest chunk: carves up whatever the bins hold
+        taken, budget = taken + batch, budget - batch
     return taken
 
 
