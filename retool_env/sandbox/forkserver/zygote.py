@@ -355,7 +355,7 @@ class Zygote:
     # -- loop ----------------------------------------------------------------------------------------------------
 
     def serve(self) -> None:
-        send_message(self.sock, self.decide_layers())
+        layers = self.decide_layers()
         wakeup_r, wakeup_w = os.pipe()
         for fd in (wakeup_r, wakeup_w):
             os.set_blocking(fd, False)
@@ -366,8 +366,9 @@ class Zygote:
         selector = selectors.DefaultSelector()
         selector.register(self.sock, selectors.EVENT_READ, "server")
         selector.register(wakeup_r, selectors.EVENT_READ, "signal")
+        drain_free_chunks()  # some ms: before the server hears that this zygote is ready, so no call waits for it
+        send_message(self.sock, layers)
         self.reap()
-        drain_free_chunks()
         while True:
             for key, _ in selector.select():
                 if key.data == "signal":
