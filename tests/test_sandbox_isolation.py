@@ -359,7 +359,10 @@ def test_nothing_accumulates_over_many_calls():
             assert info["sessions"] == 0 and info["running"] == 0
             assert [z["pool"] for z in info["zygotes"].values()] == [2, 2]  # each zygote's pool
             counts.append(slots())
-        assert counts[1] <= counts[0] + 4, counts
+        # A slot is made only when more calls are live (or still dying) at once than ever before, so the second
+        # round's peak may exceed the first's by a few (+5 seen under load, with children made faster); a leak on
+        # any one path (12 timeouts, 48 session cells, 180 single-use calls a round) would add 12 or more.
+        assert counts[1] <= counts[0] + 8, counts
 
 
 # -- the view: an allowlist, not the host ---------------------------------------------------------------------------

@@ -110,6 +110,17 @@ def test_each_call_gets_the_zygote_its_code_needs(sandbox):
     assert package.stdout == "3\n" and counts == {"lean": 0, "full": 1}, (package, counts)
 
 
+def test_the_lean_zygote_holds_no_threading(sandbox):
+    """threading's after-fork hook runs in every child of a zygote that imported it, copying some 80 of its pages:
+    the lean zygote never imports it (the server imports it with asyncio, after the lean fork), so a call that
+    names it gets a full child, where it is preloaded."""
+    loaded = "import sys\nprint([name in sys.modules for name in ('thr' + 'eading', 'subpro' + 'cess')])"
+    (lean,), counts = routed(sandbox, loaded)
+    assert lean.stdout == "[False, False]\n" and counts == {"lean": 1, "full": 0}, (lean, counts)
+    (full,), counts = routed(sandbox, "import threading\n" + loaded + "\nprint(threading.active_count())")
+    assert full.stdout == "[True, True]\n1\n" and counts == {"lean": 0, "full": 1}, (full, counts)
+
+
 def test_a_lean_child_still_imports_what_it_needs(sandbox):
     """An import the scan cannot see (no module name, no dynamic import by name): the lean child imports sympy
     from disk, slower, with the same result."""
@@ -304,3 +315,44 @@ def test_a_cell_reaped_while_its_stat_is_read_counts_as_gone(monkeypatch):
     monkeypatch.setattr(server, "open", lambda *a, **k: Reaped(), raising=False)
     assert server.Server._is_cell(None, 51, None, gone_ok=True)  # type: ignore[arg-type]
     assert not server.Server._is_cell(None, 51, None)  # type: ignore[arg-type]  # without gone_ok: not a cell
+
+
+_DRAIN_CHECK = """
+import ctypes, json, sys
+from retool_env.sandbox.forkserver import zygote
+lib = ctypes.CDLL(None)
+lib.mallinfo2.restype = zygote._MallInfo2
+lib.malloc.restype, lib.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+lib.free.argtypes = [ctypes.c_void_p]
+held = [lib.malloc(n) for n in range(24, 600, 8) for _ in range(40)]  # below the top chunk, never freed again
+for p in held[::2]:  # free chunks strewn between used ones, as a warm-up leaves them
+    lib.free(p)
+before = lib.mallinfo2()
+taken = zygote.drain_free_chunks()
+after = lib.mallinfo2()
+lib.sbrk.restype, lib.sbrk.argtypes = ctypes.c_void_p, [ctypes.c_ssize_t]
+top_start = lib.sbrk(0) - after.keepcost
+below_top = sum(lib.malloc(16) < top_start for _ in range(200))
+print(json.dumps({"free_before": before.fordblks - before.keepcost, "free_after": after.fordblks - after.keepcost,
+                  "taken": taken, "top_before": before.keepcost, "top_after": after.keepcost, "below_top": below_top}))
+"""
+
+
+@pytest.mark.skipif(not hasattr(__import__("ctypes").CDLL(None), "mallinfo2"), reason="glibc >= 2.33 only")
+def test_the_zygote_drains_the_free_chunks_children_would_reuse():
+    """Before it forks, a zygote takes every free chunk of its heap, so a child's allocations come from the top of
+    the heap (fresh pages) and not from chunks strewn over pages it shares with the zygote; the top stays whole."""
+    import json
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONMALLOC": "malloc", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    out = subprocess.run([sys.executable, "-c", _DRAIN_CHECK], capture_output=True, text=True, env=env, check=True)
+    report = json.loads(out.stdout)
+    assert report["free_before"] > 100_000, report  # the check made free chunks to drain
+    # None left but the few chunks the drain's own Python objects freed as it returned.
+    assert report["free_after"] < 1024, report
+    assert report["taken"] > 0 and report["below_top"] <= 10, report  # what comes next comes from the top
+    # The top chunk gives at most what the per-thread cache's step takes where that cache is empty (7 chunks of each
+    # of its 64 sizes): the bins' chunks are drained 32 bytes at a time, and the drain stops at the top.
+    assert report["top_after"] >= report["top_before"] - 7 * sum(range(16, 1040, 16)), report

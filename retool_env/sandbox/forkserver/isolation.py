@@ -26,7 +26,6 @@ import functools
 import json
 import os
 import signal
-import subprocess
 import sys
 import sysconfig
 from dataclasses import dataclass
@@ -96,6 +95,8 @@ def _interpreter_sys_path() -> tuple[str, ...]:
     trainer's working directory, script directory and PYTHONPATH are not in it."""
     if _IN_SERVER:
         return tuple(sys.path)
+    import subprocess  # here: the server imports this module, and subprocess imports threading (see start.warm_up)
+
     code = "import json, sys; print(json.dumps(sys.path))"
     out = subprocess.run([sys.executable, "-s", "-c", code], capture_output=True, text=True, check=True, cwd="/",
                          env={"PATH": "/usr/bin:/bin", "PYTHONSAFEPATH": "1"}, timeout=60).stdout

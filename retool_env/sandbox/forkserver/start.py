@@ -13,6 +13,7 @@ Nothing here imports asyncio: the lean zygote is forked from this module before 
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import gc
 import json
@@ -20,7 +21,6 @@ import os
 import re
 import socket
 import sys
-import threading
 from dataclasses import dataclass, field, replace
 
 from . import confine
@@ -94,7 +94,7 @@ def warm_up(preload: list[str]) -> None:
         np.linalg.solve(a, np.ones(4)), np.linalg.det(a), np.random.default_rng(0).random(3), str(a), np.sort(a)
     warm_up_cell()
     sys.set_int_max_str_digits(0)
-    threading.stack_size(512 * 1024)  # so hundreds of threads fit under the address-space limit
+    _thread.stack_size(512 * 1024)  # so hundreds of threads fit under the address-space limit
     with contextlib.suppress(Exception):
         confine.libc().mallopt(_M_ARENA_MAX, 2)  # glibc reserves 64 MB of address space per malloc arena otherwise
     gc.collect()
