@@ -37,11 +37,13 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
 import os
 import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -71,6 +73,11 @@ class Arguments(MINIATURE_ENV):  # type: ignore[misc,valid-type]  # a dataclass 
                                                                        "report; replaces --seed and --seeds."})
     smoke: bool = field(default=False, metadata={"help": "Tiny everything: checks the pipeline end to end (< 3 min)."})
     arms: str = field(default="tool,text", metadata={"help": "Comma-separated arms to run: tool, text."})
+    parallel_arms: bool = field(default=True, metadata={"help": "Run a seed's arms side by side, each in its own "
+                                                                "process on one core (each stage is seeded, so the "
+                                                                "metrics are those of one arm after the other); "
+                                                                "the seed then takes about as long as its slower "
+                                                                "arm. --no_parallel_arms: one after the other."})
     records: bool = field(default=False, metadata={"help": "Record every RL episode of the tool arm in "
                                                            "seed<k>/tool/records.jsonl (retool-env regrade)."})
     # data
@@ -258,7 +265,7 @@ def checkpoints(grpo_dir: Path, before: int) -> list[tuple[int, Path]]:
 
 # --- one seed ------------------------------------------------------------------------------------------------------
 
-def run_seed(args: Arguments, seed: int, out: Path, log) -> dict:
+def run_seed(args: Arguments, seed: int, out: Path, log, start: float) -> dict:
     """Build, cold-start, train and evaluate both arms for one seed; returns {arm: {stage: rows}, curves, heldout}."""
     from miniature_data import make_problems, tokenizer_corpus, write_problems
 
@@ -284,10 +291,41 @@ def run_seed(args: Arguments, seed: int, out: Path, log) -> dict:
                                initializer_range=0.02)  # Qwen's own scale; the default (10x) learned slower here
 
     results: dict = {"seed": seed, "curves": {}, "heldout": {}}
-    for arm in args.arms.split(","):
-        results[arm], results["curves"][arm], results["heldout"][arm] = run_arm(
-            args, seed, arm, seed_dir / arm, init_dir, train, train_path, test, log)
+    arms = args.arms.split(",")
+    if args.parallel_arms and len(arms) > 1:
+        # One process per arm (spawned: no forked torch or sandbox state); each returns its log records, written here
+        # in the order a sequential run writes them, with the times they were made at.
+        with ProcessPoolExecutor(len(arms), mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = [pool.submit(run_arm_process, args, seed, arm, seed_dir / arm, init_dir, train, train_path,
+                                   test, start) for arm in arms]
+            outcomes = [future.result() for future in futures]
+    else:
+        outcomes = [run_arm_process(args, seed, arm, seed_dir / arm, init_dir, train, train_path, test, start,
+                                    log) for arm in arms]
+    for arm, (arm_result, records) in zip(arms, outcomes, strict=True):
+        for record in records:
+            log(record)
+        results[arm], results["curves"][arm], results["heldout"][arm] = arm_result
     return results
+
+
+def run_arm_process(args: Arguments, seed: int, arm: str, arm_dir: Path, init_dir: Path, train: list,
+                    train_path: Path, test: list, start: float, log=None) -> tuple[tuple, list[dict]]:
+    """`run_arm`, its log records kept with their times (seconds since `start`) and returned, or written at once to
+    `log` when one is given (a run without a process per arm)."""
+    import torch
+
+    torch.set_num_threads(1)  # a spawned process does not run this script's __main__ block
+    records: list[dict] = []
+
+    def keep(record: dict) -> None:
+        record = {"time_s": round(time.time() - start, 1), **record}
+        if log is None:
+            records.append(record)
+        else:
+            log(record)
+
+    return run_arm(args, seed, arm, arm_dir, init_dir, train, train_path, test, keep), records
 
 
 def run_arm(args: Arguments, seed: int, arm: str, arm_dir: Path, init_dir: Path, train: list, train_path: Path,
@@ -360,12 +398,12 @@ def main(args: Arguments) -> Path:
     start = time.time()
     with open(out / "metrics.jsonl", "w") as metrics_file:
 
-        def log(record: dict) -> None:
+        def log(record: dict) -> None:  # a record that has its time (made in an arm's process) keeps it
             metrics_file.write(json.dumps({"time_s": round(time.time() - start, 1), **record}) + "\n")
             metrics_file.flush()
 
         log({"event": "config", **asdict(args)})
-        results = [run_seed(args, seed, out, log) for seed in seed_list(args)]
+        results = [run_seed(args, seed, out, log, start) for seed in seed_list(args)]
         wall = time.time() - start
         log({"event": "done", "wall_seconds": round(wall, 1)})
     (out / "summary.json").write_text(json.dumps({"wall_seconds": wall, "results": results,
