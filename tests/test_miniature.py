@@ -152,7 +152,7 @@ def comparable(path: Path) -> list[dict]:
     for line in path.read_text().splitlines():
         record = json.loads(line)
         record.pop("time_s")
-        for key in ("eval_seconds", "train_seconds", "out", "parallel_arms", "wall_seconds"):
+        for key in ("eval_seconds", "train_seconds", "out", "parallel_arms", "eval_processes", "wall_seconds"):
             record.pop(key, None)
         records.append(record)
     return records
@@ -160,9 +160,10 @@ def comparable(path: Path) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_arms_side_by_side_give_the_metrics_of_one_arm_after_the_other(tmp_path):
+def test_arms_and_evaluations_side_by_side_give_the_metrics_of_one_after_the_other(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    for name, flags in (("side-by-side", []), ("one-after-the-other", ["--no_parallel_arms"])):
+    # The defaults: arms in processes of their own, and evaluations in processes beside the training.
+    for name, flags in (("side-by-side", []), ("one-after-the-other", ["--no_parallel_arms", "--eval_processes", "0"])):
         subprocess.run([sys.executable, "training/miniature.py", "--smoke", *SELF_CORRECTION_RECIPE, *flags, "--out",
                         str(tmp_path / name)], cwd=ROOT, env=env, check=True, timeout=1100)
     side, one = (comparable(tmp_path / name / "metrics.jsonl") for name in ("side-by-side", "one-after-the-other"))

@@ -43,7 +43,7 @@ import shutil
 import subprocess
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -148,6 +148,11 @@ class Arguments(MINIATURE_ENV):  # type: ignore[misc,valid-type]  # a dataclass 
     eval_temperature: float = field(default=1.0, metadata={"help": "Evaluation sampling temperature: the policy RL "
                                                                      "trains, sampled as in rollouts."})
     eval_every: int = field(default=30, metadata={"help": "Evaluate a GRPO checkpoint every this many steps."})
+    eval_processes: int = field(default=2, metadata={"help": "Processes an arm's evaluations run in, beside its "
+                                                              "training: before SFT while SFT trains, after SFT "
+                                                              "while GRPO trains, the checkpoints' side by side "
+                                                              "(each seeded: the metrics do not change). 0: in "
+                                                              "the arm's process, one after the other."})
 
     def apply_smoke(self) -> None:
         """Shrink everything so the pipeline runs end to end in well under 3 minutes."""
@@ -245,6 +250,16 @@ def evaluate_model(args: Arguments, arm: str, model_dir: Path, problems: list, o
                             "tool_format": "retool"},
                     **env_settings(args, arm, seed))
     return with_fault_recovery(metrics, out / "per_problem.jsonl")
+
+
+def evaluate_rows(args: Arguments, arm: str, model_dir: Path, problems: list, out: Path, seed: int,
+                  n_samples: int | None) -> tuple[dict, float]:
+    """`evaluate_model`'s rows per level (`level_rows`) and the seconds it took; runs in an evaluation process too."""
+    import torch
+
+    torch.set_num_threads(1)  # a spawned process does not run this script's __main__ block
+    t0 = time.time()
+    return level_rows(evaluate_model(args, arm, model_dir, problems, out, seed, n_samples)), time.time() - t0
 
 
 def rl_curve(grpo_dir: Path) -> list[dict]:
@@ -347,34 +362,55 @@ def run_arm(args: Arguments, seed: int, arm: str, arm_dir: Path, init_dir: Path,
     counts = write_coldstart(problems, kinds, arm_dir / "coldstart.jsonl", seed)
     log({"seed": seed, "arm": arm, "event": "coldstart", "kinds": counts})
 
-    def evaluate_stage(stage: str, model_dir: Path, train_s: float = 0.0, step: int | None = None) -> dict:
+    # Evaluations run in processes of their own when asked (`eval_processes`), beside the training that does not
+    # need them: before SFT while SFT trains, after SFT while GRPO trains, the checkpoints' side by side.
+    pool = (ProcessPoolExecutor(args.eval_processes, mp_context=multiprocessing.get_context("spawn"))
+            if args.eval_processes else None)
+
+    def start_eval(stage: str, model_dir: Path) -> Future:
         print(f"\n== seed {seed} / {arm}: evaluate {stage} ==", flush=True)
-        t0 = time.time()
         n_samples = 1 if stage == "before_sft" else None  # a random model: one sample shows it knows nothing
-        rows = level_rows(evaluate_model(args, arm, model_dir, test, arm_dir / f"eval-{stage}",
-                                         derive_seed(seed, stage), n_samples))
+        call = (args, arm, model_dir, test, arm_dir / f"eval-{stage}", derive_seed(seed, stage), n_samples)
+        if pool is not None:
+            return pool.submit(evaluate_rows, *call)
+        done: Future = Future()
+        done.set_result(evaluate_rows(*call))
+        return done
+
+    def logged(stage: str, evaluation: Future, train_s: float = 0.0, step: int | None = None) -> dict:
+        rows, seconds = evaluation.result()
         log({"seed": seed, "arm": arm, "event": "eval", "stage": stage, "step": step,
-             "train_seconds": round(train_s, 1), "eval_seconds": round(time.time() - t0, 1), "levels": rows})
+             "train_seconds": round(train_s, 1), "eval_seconds": round(seconds, 1), "levels": rows})
         return rows
 
-    stages = {"before_sft": evaluate_stage("before_sft", init_dir)}
-    print(f"\n== seed {seed} / {arm}: cold-start SFT ==", flush=True)
-    t0 = time.time()
-    # Both arms take the same number of SFT steps: `sft_epochs` over the tool arm's (larger) cold start.
-    steps = math.ceil(args.sft_epochs * len(train) / args.sft_batch_size)
-    sft_dir = run_sft(args, arm, init_dir, arm_dir / "coldstart.jsonl", arm_dir / "sft", seed, steps)
-    stages["after_sft"] = evaluate_stage("after_sft", sft_dir, time.time() - t0, step=0)
-    print(f"\n== seed {seed} / {arm}: GRPO ({args.rl_steps} steps) ==", flush=True)
-    t0 = time.time()
-    grpo_dir = run_grpo(args, arm, sft_dir, train_path, arm_dir / "grpo", seed)
-    train_s = time.time() - t0
-    curve = rl_curve(grpo_dir)
-    for point in curve:
-        log({"seed": seed, "arm": arm, "event": "rl_step", **point})
-    heldout = [{"step": 0, "levels": stages["after_sft"]}]
-    for step, checkpoint in checkpoints(grpo_dir, before=args.rl_steps):
-        heldout.append({"step": step, "levels": evaluate_stage(f"rl_step{step}", checkpoint, step=step)})
-    stages["after_rl"] = evaluate_stage("after_rl", grpo_dir, train_s, step=args.rl_steps)
+    try:
+        before_sft = start_eval("before_sft", init_dir)
+        print(f"\n== seed {seed} / {arm}: cold-start SFT ==", flush=True)
+        t0 = time.time()
+        # Both arms take the same number of SFT steps: `sft_epochs` over the tool arm's (larger) cold start.
+        steps = math.ceil(args.sft_epochs * len(train) / args.sft_batch_size)
+        sft_dir = run_sft(args, arm, init_dir, arm_dir / "coldstart.jsonl", arm_dir / "sft", seed, steps)
+        sft_s = time.time() - t0
+        stages = {"before_sft": logged("before_sft", before_sft)}
+        after_sft = start_eval("after_sft", sft_dir)
+        print(f"\n== seed {seed} / {arm}: GRPO ({args.rl_steps} steps) ==", flush=True)
+        t0 = time.time()
+        grpo_dir = run_grpo(args, arm, sft_dir, train_path, arm_dir / "grpo", seed)
+        train_s = time.time() - t0
+        stages["after_sft"] = logged("after_sft", after_sft, sft_s, step=0)
+        curve = rl_curve(grpo_dir)
+        for point in curve:
+            log({"seed": seed, "arm": arm, "event": "rl_step", **point})
+        during = [(step, start_eval(f"rl_step{step}", checkpoint))
+                  for step, checkpoint in checkpoints(grpo_dir, before=args.rl_steps)]
+        after_rl = start_eval("after_rl", grpo_dir)
+        heldout = [{"step": 0, "levels": stages["after_sft"]}]
+        for step, evaluation in during:
+            heldout.append({"step": step, "levels": logged(f"rl_step{step}", evaluation, step=step)})
+        stages["after_rl"] = logged("after_rl", after_rl, train_s, step=args.rl_steps)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
     heldout.append({"step": args.rl_steps, "levels": stages["after_rl"]})
     return stages, curve, heldout
 
