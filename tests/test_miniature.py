@@ -145,6 +145,37 @@ def records_reproduce_the_logged_rewards(out, env):
         assert logged[step + 1] == pytest.approx(sum(trained) / len(trained), abs=1e-6)
 
 
+
+def comparable(path: Path) -> list[dict]:
+    """A run's metrics.jsonl without what may differ between two runs of one command: times and the run folder."""
+    records = []
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        record.pop("time_s")
+        for key in ("eval_seconds", "train_seconds", "out", "parallel_arms", "eval_processes", "wall_seconds"):
+            record.pop(key, None)
+        records.append(record)
+    return records
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_arms_and_evaluations_side_by_side_give_the_metrics_of_one_after_the_other(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    # The defaults: arms in processes of their own, and evaluations in processes beside the training.
+    for name, flags in (("side-by-side", []), ("one-after-the-other", ["--no_parallel_arms", "--eval_processes", "0"])):
+        subprocess.run([sys.executable, "training/miniature.py", "--smoke", *SELF_CORRECTION_RECIPE, *flags, "--out",
+                        str(tmp_path / name)], cwd=ROOT, env=env, check=True, timeout=1100)
+    side, one = (comparable(tmp_path / name / "metrics.jsonl") for name in ("side-by-side", "one-after-the-other"))
+    assert [r["event"] for r in side].count("eval") == 8  # both arms: before and after SFT, checkpoint, after RL
+    assert side == one  # every record, in the same order (the tool arm's, then the text arm's)
+    for name, overlap in (("side-by-side", True), ("one-after-the-other", False)):
+        records = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        assert records[0]["parallel_arms"] is overlap
+        text_starts = next(r["time_s"] for r in records if r.get("arm") == "text")  # its cold start
+        tool_ends = next(r["time_s"] for r in records if r.get("arm") == "tool" and r.get("stage") == "after_rl")
+        assert (text_starts < tool_ends) is overlap, name  # each record keeps the time it was made at
+
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_miniature_seed_list_writes_one_combined_report(tmp_path):

@@ -37,11 +37,13 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
 import os
 import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -71,6 +73,11 @@ class Arguments(MINIATURE_ENV):  # type: ignore[misc,valid-type]  # a dataclass 
                                                                        "report; replaces --seed and --seeds."})
     smoke: bool = field(default=False, metadata={"help": "Tiny everything: checks the pipeline end to end (< 3 min)."})
     arms: str = field(default="tool,text", metadata={"help": "Comma-separated arms to run: tool, text."})
+    parallel_arms: bool = field(default=True, metadata={"help": "Run a seed's arms side by side, each in its own "
+                                                                "process on one core (each stage is seeded, so the "
+                                                                "metrics are those of one arm after the other); "
+                                                                "the seed then takes about as long as its slower "
+                                                                "arm. --no_parallel_arms: one after the other."})
     records: bool = field(default=False, metadata={"help": "Record every RL episode of the tool arm in "
                                                            "seed<k>/tool/records.jsonl (retool-env regrade)."})
     # data
@@ -141,6 +148,11 @@ class Arguments(MINIATURE_ENV):  # type: ignore[misc,valid-type]  # a dataclass 
     eval_temperature: float = field(default=1.0, metadata={"help": "Evaluation sampling temperature: the policy RL "
                                                                      "trains, sampled as in rollouts."})
     eval_every: int = field(default=30, metadata={"help": "Evaluate a GRPO checkpoint every this many steps."})
+    eval_processes: int = field(default=2, metadata={"help": "Processes an arm's evaluations run in, beside its "
+                                                              "training: before SFT while SFT trains, after SFT "
+                                                              "while GRPO trains, the checkpoints' side by side "
+                                                              "(each seeded: the metrics do not change). 0: in "
+                                                              "the arm's process, one after the other."})
 
     def apply_smoke(self) -> None:
         """Shrink everything so the pipeline runs end to end in well under 3 minutes."""
@@ -240,6 +252,16 @@ def evaluate_model(args: Arguments, arm: str, model_dir: Path, problems: list, o
     return with_fault_recovery(metrics, out / "per_problem.jsonl")
 
 
+def evaluate_rows(args: Arguments, arm: str, model_dir: Path, problems: list, out: Path, seed: int,
+                  n_samples: int | None) -> tuple[dict, float]:
+    """`evaluate_model`'s rows per level (`level_rows`) and the seconds it took; runs in an evaluation process too."""
+    import torch
+
+    torch.set_num_threads(1)  # a spawned process does not run this script's __main__ block
+    t0 = time.time()
+    return level_rows(evaluate_model(args, arm, model_dir, problems, out, seed, n_samples)), time.time() - t0
+
+
 def rl_curve(grpo_dir: Path) -> list[dict]:
     """Per-step training metrics of the GRPO run (TRL's log history)."""
     history = json.loads((grpo_dir / "trainer_state.json").read_text())["log_history"]
@@ -258,7 +280,7 @@ def checkpoints(grpo_dir: Path, before: int) -> list[tuple[int, Path]]:
 
 # --- one seed ------------------------------------------------------------------------------------------------------
 
-def run_seed(args: Arguments, seed: int, out: Path, log) -> dict:
+def run_seed(args: Arguments, seed: int, out: Path, log, start: float) -> dict:
     """Build, cold-start, train and evaluate both arms for one seed; returns {arm: {stage: rows}, curves, heldout}."""
     from miniature_data import make_problems, tokenizer_corpus, write_problems
 
@@ -284,10 +306,41 @@ def run_seed(args: Arguments, seed: int, out: Path, log) -> dict:
                                initializer_range=0.02)  # Qwen's own scale; the default (10x) learned slower here
 
     results: dict = {"seed": seed, "curves": {}, "heldout": {}}
-    for arm in args.arms.split(","):
-        results[arm], results["curves"][arm], results["heldout"][arm] = run_arm(
-            args, seed, arm, seed_dir / arm, init_dir, train, train_path, test, log)
+    arms = args.arms.split(",")
+    if args.parallel_arms and len(arms) > 1:
+        # One process per arm (spawned: no forked torch or sandbox state); each returns its log records, written here
+        # in the order a sequential run writes them, with the times they were made at.
+        with ProcessPoolExecutor(len(arms), mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = [pool.submit(run_arm_process, args, seed, arm, seed_dir / arm, init_dir, train, train_path,
+                                   test, start) for arm in arms]
+            outcomes = [future.result() for future in futures]
+    else:
+        outcomes = [run_arm_process(args, seed, arm, seed_dir / arm, init_dir, train, train_path, test, start,
+                                    log) for arm in arms]
+    for arm, (arm_result, records) in zip(arms, outcomes, strict=True):
+        for record in records:
+            log(record)
+        results[arm], results["curves"][arm], results["heldout"][arm] = arm_result
     return results
+
+
+def run_arm_process(args: Arguments, seed: int, arm: str, arm_dir: Path, init_dir: Path, train: list,
+                    train_path: Path, test: list, start: float, log=None) -> tuple[tuple, list[dict]]:
+    """`run_arm`, its log records kept with their times (seconds since `start`) and returned, or written at once to
+    `log` when one is given (a run without a process per arm)."""
+    import torch
+
+    torch.set_num_threads(1)  # a spawned process does not run this script's __main__ block
+    records: list[dict] = []
+
+    def keep(record: dict) -> None:
+        record = {"time_s": round(time.time() - start, 1), **record}
+        if log is None:
+            records.append(record)
+        else:
+            log(record)
+
+    return run_arm(args, seed, arm, arm_dir, init_dir, train, train_path, test, keep), records
 
 
 def run_arm(args: Arguments, seed: int, arm: str, arm_dir: Path, init_dir: Path, train: list, train_path: Path,
@@ -309,34 +362,55 @@ def run_arm(args: Arguments, seed: int, arm: str, arm_dir: Path, init_dir: Path,
     counts = write_coldstart(problems, kinds, arm_dir / "coldstart.jsonl", seed)
     log({"seed": seed, "arm": arm, "event": "coldstart", "kinds": counts})
 
-    def evaluate_stage(stage: str, model_dir: Path, train_s: float = 0.0, step: int | None = None) -> dict:
+    # Evaluations run in processes of their own when asked (`eval_processes`), beside the training that does not
+    # need them: before SFT while SFT trains, after SFT while GRPO trains, the checkpoints' side by side.
+    pool = (ProcessPoolExecutor(args.eval_processes, mp_context=multiprocessing.get_context("spawn"))
+            if args.eval_processes else None)
+
+    def start_eval(stage: str, model_dir: Path) -> Future:
         print(f"\n== seed {seed} / {arm}: evaluate {stage} ==", flush=True)
-        t0 = time.time()
         n_samples = 1 if stage == "before_sft" else None  # a random model: one sample shows it knows nothing
-        rows = level_rows(evaluate_model(args, arm, model_dir, test, arm_dir / f"eval-{stage}",
-                                         derive_seed(seed, stage), n_samples))
+        call = (args, arm, model_dir, test, arm_dir / f"eval-{stage}", derive_seed(seed, stage), n_samples)
+        if pool is not None:
+            return pool.submit(evaluate_rows, *call)
+        done: Future = Future()
+        done.set_result(evaluate_rows(*call))
+        return done
+
+    def logged(stage: str, evaluation: Future, train_s: float = 0.0, step: int | None = None) -> dict:
+        rows, seconds = evaluation.result()
         log({"seed": seed, "arm": arm, "event": "eval", "stage": stage, "step": step,
-             "train_seconds": round(train_s, 1), "eval_seconds": round(time.time() - t0, 1), "levels": rows})
+             "train_seconds": round(train_s, 1), "eval_seconds": round(seconds, 1), "levels": rows})
         return rows
 
-    stages = {"before_sft": evaluate_stage("before_sft", init_dir)}
-    print(f"\n== seed {seed} / {arm}: cold-start SFT ==", flush=True)
-    t0 = time.time()
-    # Both arms take the same number of SFT steps: `sft_epochs` over the tool arm's (larger) cold start.
-    steps = math.ceil(args.sft_epochs * len(train) / args.sft_batch_size)
-    sft_dir = run_sft(args, arm, init_dir, arm_dir / "coldstart.jsonl", arm_dir / "sft", seed, steps)
-    stages["after_sft"] = evaluate_stage("after_sft", sft_dir, time.time() - t0, step=0)
-    print(f"\n== seed {seed} / {arm}: GRPO ({args.rl_steps} steps) ==", flush=True)
-    t0 = time.time()
-    grpo_dir = run_grpo(args, arm, sft_dir, train_path, arm_dir / "grpo", seed)
-    train_s = time.time() - t0
-    curve = rl_curve(grpo_dir)
-    for point in curve:
-        log({"seed": seed, "arm": arm, "event": "rl_step", **point})
-    heldout = [{"step": 0, "levels": stages["after_sft"]}]
-    for step, checkpoint in checkpoints(grpo_dir, before=args.rl_steps):
-        heldout.append({"step": step, "levels": evaluate_stage(f"rl_step{step}", checkpoint, step=step)})
-    stages["after_rl"] = evaluate_stage("after_rl", grpo_dir, train_s, step=args.rl_steps)
+    try:
+        before_sft = start_eval("before_sft", init_dir)
+        print(f"\n== seed {seed} / {arm}: cold-start SFT ==", flush=True)
+        t0 = time.time()
+        # Both arms take the same number of SFT steps: `sft_epochs` over the tool arm's (larger) cold start.
+        steps = math.ceil(args.sft_epochs * len(train) / args.sft_batch_size)
+        sft_dir = run_sft(args, arm, init_dir, arm_dir / "coldstart.jsonl", arm_dir / "sft", seed, steps)
+        sft_s = time.time() - t0
+        stages = {"before_sft": logged("before_sft", before_sft)}
+        after_sft = start_eval("after_sft", sft_dir)
+        print(f"\n== seed {seed} / {arm}: GRPO ({args.rl_steps} steps) ==", flush=True)
+        t0 = time.time()
+        grpo_dir = run_grpo(args, arm, sft_dir, train_path, arm_dir / "grpo", seed)
+        train_s = time.time() - t0
+        stages["after_sft"] = logged("after_sft", after_sft, sft_s, step=0)
+        curve = rl_curve(grpo_dir)
+        for point in curve:
+            log({"seed": seed, "arm": arm, "event": "rl_step", **point})
+        during = [(step, start_eval(f"rl_step{step}", checkpoint))
+                  for step, checkpoint in checkpoints(grpo_dir, before=args.rl_steps)]
+        after_rl = start_eval("after_rl", grpo_dir)
+        heldout = [{"step": 0, "levels": stages["after_sft"]}]
+        for step, evaluation in during:
+            heldout.append({"step": step, "levels": logged(f"rl_step{step}", evaluation, step=step)})
+        stages["after_rl"] = logged("after_rl", after_rl, train_s, step=args.rl_steps)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
     heldout.append({"step": args.rl_steps, "levels": stages["after_rl"]})
     return stages, curve, heldout
 
@@ -360,12 +434,12 @@ def main(args: Arguments) -> Path:
     start = time.time()
     with open(out / "metrics.jsonl", "w") as metrics_file:
 
-        def log(record: dict) -> None:
+        def log(record: dict) -> None:  # a record that has its time (made in an arm's process) keeps it
             metrics_file.write(json.dumps({"time_s": round(time.time() - start, 1), **record}) + "\n")
             metrics_file.flush()
 
         log({"event": "config", **asdict(args)})
-        results = [run_seed(args, seed, out, log) for seed in seed_list(args)]
+        results = [run_seed(args, seed, out, log, start) for seed in seed_list(args)]
         wall = time.time() - start
         log({"event": "done", "wall_seconds": round(wall, 1)})
     (out / "summary.json").write_text(json.dumps({"wall_seconds": wall, "results": results,
