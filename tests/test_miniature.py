@@ -25,15 +25,28 @@ SELF_CORRECTION_RECIPE = ["--fault_rate", "0.2", "--coldstart_fault_share", "0.5
                           "--max_completion_tokens", "192"]
 
 
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def run_smoke(out: Path, *flags: str) -> Path:
+    """A smoke run of the self-correction recipe (injected faults, three calls), so the recovery path runs, with
+    every RL episode recorded; a checkpoint left by an earlier run in its folder, which must not be evaluated."""
+    (out / "seed0" / "tool" / "grpo" / "checkpoint-0").mkdir(parents=True)
+    subprocess.run([sys.executable, "training/miniature.py", "--smoke", *SELF_CORRECTION_RECIPE, "--records", *flags,
+                    "--out", str(out)], cwd=ROOT, env=ENV, check=True, timeout=1100)
+    return out
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory) -> Path:
+    """One default smoke run (arms and evaluations side by side), shared by the tests that read it."""
+    return run_smoke(tmp_path_factory.mktemp("miniature") / "run")
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(1200)  # about 3 min alone, over 5 beside other jobs on 2 cores
-def test_miniature_smoke_writes_run_folder(tmp_path):
-    out = tmp_path / "run"
-    (out / "seed0" / "tool" / "grpo" / "checkpoint-0").mkdir(parents=True)  # left by an earlier run: not evaluated
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    # The self-correction recipe (injected faults, three calls), so the recovery path runs; every RL episode recorded.
-    subprocess.run([sys.executable, "training/miniature.py", "--smoke", *SELF_CORRECTION_RECIPE, "--records", "--out",
-                    str(out)], cwd=ROOT, env=env, check=True, timeout=1100)
+@pytest.mark.timeout(1200)  # about 1.5 min alone, 3 beside other jobs on 2 cores
+def test_miniature_smoke_writes_run_folder(smoke_run):
+    out, env = smoke_run, ENV
 
     for name in ("metrics.jsonl", "report.md", "summary.json", "accuracy.png", "code_use.png", "rl_curves.png",
                  "heldout.png", "self_correction.png"):
@@ -145,7 +158,6 @@ def records_reproduce_the_logged_rewards(out, env):
         assert logged[step + 1] == pytest.approx(sum(trained) / len(trained), abs=1e-6)
 
 
-
 def comparable(path: Path) -> list[dict]:
     """A run's metrics.jsonl without what may differ between two runs of one command: times and the run folder."""
     records = []
@@ -160,17 +172,15 @@ def comparable(path: Path) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_arms_and_evaluations_side_by_side_give_the_metrics_of_one_after_the_other(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    # The defaults: arms in processes of their own, and evaluations in processes beside the training.
-    for name, flags in (("side-by-side", []), ("one-after-the-other", ["--no_parallel_arms", "--eval_processes", "0"])):
-        subprocess.run([sys.executable, "training/miniature.py", "--smoke", *SELF_CORRECTION_RECIPE, *flags, "--out",
-                        str(tmp_path / name)], cwd=ROOT, env=env, check=True, timeout=1100)
-    side, one = (comparable(tmp_path / name / "metrics.jsonl") for name in ("side-by-side", "one-after-the-other"))
+def test_arms_and_evaluations_side_by_side_give_the_metrics_of_one_after_the_other(smoke_run, tmp_path):
+    # The defaults (the shared run): arms in processes of their own, and evaluations in processes beside the training.
+    runs = {"side-by-side": smoke_run,
+            "one-after-the-other": run_smoke(tmp_path / "run", "--no_parallel_arms", "--eval_processes", "0")}
+    side, one = (comparable(runs[name] / "metrics.jsonl") for name in ("side-by-side", "one-after-the-other"))
     assert [r["event"] for r in side].count("eval") == 8  # both arms: before and after SFT, checkpoint, after RL
     assert side == one  # every record, in the same order (the tool arm's, then the text arm's)
     for name, overlap in (("side-by-side", True), ("one-after-the-other", False)):
-        records = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        records = [json.loads(line) for line in (runs[name] / "metrics.jsonl").read_text().splitlines()]
         assert records[0]["parallel_arms"] is overlap
         text_starts = next(r["time_s"] for r in records if r.get("arm") == "text")  # its cold start
         tool_ends = next(r["time_s"] for r in records if r.get("arm") == "tool" and r.get("stage") == "after_rl")
@@ -180,9 +190,8 @@ def test_arms_and_evaluations_side_by_side_give_the_metrics_of_one_after_the_oth
 @pytest.mark.timeout(1200)
 def test_miniature_seed_list_writes_one_combined_report(tmp_path):
     out = tmp_path / "run"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     subprocess.run([sys.executable, "training/miniature.py", "--smoke", "--arms", "tool", "--seed_list", "3", "1",
-                    "--out", str(out)], cwd=ROOT, env=env, check=True, timeout=1100)
+                    "--out", str(out)], cwd=ROOT, env=ENV, check=True, timeout=1100)
     summary = json.loads((out / "summary.json").read_text())
     assert [r["seed"] for r in summary["results"]] == [3, 1] and len(summary["criteria"]) == 2
     assert (out / "seed3" / "tool" / "eval-after_rl").is_dir() and (out / "seed1" / "tool" / "eval-after_rl").is_dir()
