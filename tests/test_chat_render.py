@@ -195,7 +195,8 @@ def test_the_sandbox_decides_alike(template):
     "{{ loop.first }}{{ loop.nextitem.role if not loop.last }}{{ loop.previtem }}{{ loop.cycle('a', 'b') }}"
     "{% endfor %}{{ messages[0].content.startswith('h') }}{{ messages[0].content.__class__ }}",
     "{% set ns = namespace(f='{0.__class__.__mro__}'.format) %}{{ ns.f(messages) }}",
-    "{% set ns = namespace(s='{0}') %}{{ ns.s.format(messages[0].role) }}{{ ns.s.format_map }}",
+    "{% set ns = namespace(s='{0}') %}{{ ns.s.format(messages[0].role) }}"
+    "{{ (ns.s.format_map | string).split(' at 0x')[0] }}",  # the kind of callable, not its address
     "{% macro m(a, b=2) %}{{ a }}{{ b }}{{ varargs }}{{ kwargs }}{% endmacro %}{{ m(1) }}{{ m(1, 3, 4) }}"
     "{{ m(1, c=5) }}{{ m(b=7, a=6) }}",
     "{% macro m(a) %}{{ a }}{% endmacro %}{{ m(1, 2) }}",
