@@ -3,6 +3,7 @@ and its episode records (--records) regrade to the logged rewards."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -409,3 +410,32 @@ def test_a_third_call_in_the_cold_start_needs_three_calls(tmp_path):
     with pytest.raises(ValueError, match="--max_tool_calls 3"):
         main(Arguments(coldstart_fault_share=0.5, max_tool_calls=2, out=str(tmp_path / "run")))
     assert not (tmp_path / "run").exists()
+
+
+def test_sft_learning_rate_holds_then_decays_over_the_share_asked():
+    """The schedule run_sft passes to TRL, built by transformers as the trainer builds it."""
+    import torch
+    from transformers import get_scheduler
+
+    sys.path.insert(0, str(ROOT / "training"))
+    from training.miniature import Arguments, sft_schedule
+
+    def rates(share: float, steps: int = 100) -> list[float]:
+        schedule = sft_schedule(Arguments(sft_decay_share=share), steps)
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        scheduler = get_scheduler(schedule["lr_scheduler_type"], optimizer, num_warmup_steps=10,
+                                  num_training_steps=steps,
+                                  scheduler_specific_kwargs=schedule.get("lr_scheduler_kwargs"))
+        out = []
+        for _ in range(steps):
+            out.append(optimizer.param_groups[0]["lr"])
+            optimizer.step()
+            scheduler.step()
+        return out
+
+    constant = rates(0.0)
+    assert constant[0] == 0.0 and constant[10:] == [1.0] * 90  # the default: warm up, then hold
+    decayed = rates(0.2)
+    assert decayed[:80] == constant[:80]  # held until the last fifth
+    assert decayed[81] < 1.0 and decayed[-1] < 0.01
+    assert all(a >= b for a, b in itertools.pairwise(decayed[80:]))

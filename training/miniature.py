@@ -124,6 +124,8 @@ class Arguments(MINIATURE_ENV):  # type: ignore[misc,valid-type]  # a dataclass 
                                                               "takes as many steps. Copying the interpreter's "
                                                               "digits forms suddenly, at a seed-dependent step "
                                                               "(230-380 of these 875 in the seeds measured)."})
+    sft_decay_share: float = field(default=0.0, metadata={"help": "Share of the SFT steps at the end over which "
+                                                                "the learning rate decays to 0 (a cosine; 0: none)."})
     sft_batch_size: int = field(default=16, metadata={"help": "SFT batch size."})
     sft_learning_rate: float = field(default=1e-3, metadata={"help": "SFT learning rate (constant after 10 warm-up steps: copying digits emerges only after enough steps at full rate)."})
     # GRPO
@@ -189,6 +191,15 @@ def run_logged(cmd: list[str], log: Path) -> None:
             raise RuntimeError(f"{' '.join(cmd[:4])} ... failed (exit {proc.returncode}); see {log}")
 
 
+def sft_schedule(args: Arguments, steps: int) -> dict:
+    """Warm up, hold the rate (copying forms only after enough steps at full rate), then decay over the last
+    `sft_decay_share` of the steps, which sharpens what was learnt."""
+    decay = round(args.sft_decay_share * steps)
+    if not decay:
+        return {"lr_scheduler_type": "constant_with_warmup"}
+    return {"lr_scheduler_type": "warmup_stable_decay", "lr_scheduler_kwargs": {"num_decay_steps": decay}}
+
+
 def run_sft(args: Arguments, arm: str, model_dir: Path, data: Path, out: Path, seed: int, steps: int) -> Path:
     """Cold-start SFT with training/sft_trl.py: solutions replayed through the environment, interpreter masked."""
     env = env_settings(args, arm, seed)
@@ -198,7 +209,7 @@ def run_sft(args: Arguments, arm: str, model_dir: Path, data: Path, out: Path, s
         "model_name_or_path": str(model_dir), "dtype": "float32", "attn_implementation": "eager",
         "output_dir": str(out), "use_cpu": True, "bf16": False, "seed": seed,
         "max_steps": steps, "per_device_train_batch_size": args.sft_batch_size,
-        "learning_rate": args.sft_learning_rate, "lr_scheduler_type": "constant_with_warmup", "warmup_steps": 10,
+        "learning_rate": args.sft_learning_rate, "warmup_steps": 10, **sft_schedule(args, steps),
         "max_length": 256, "gradient_checkpointing": False,  # on by default in TRL; a tiny model only pays for it
         "logging_steps": 10, "save_strategy": "no", "report_to": "none",
     }
