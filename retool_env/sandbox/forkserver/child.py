@@ -18,13 +18,14 @@ import os
 import resource
 import select
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 from . import cell, confine
-from .protocol import read_frame_blocking
+from .protocol import read_frame_blocking, read_frame_with_fds
 
 _PR_SET_PDEATHSIG = 1
 _MB = 1 << 20
@@ -146,38 +147,87 @@ def _reap_strays(waitpid: Any) -> None:
             return
 
 
+def _next_frame(command: socket.socket, op: str) -> tuple[Any, list[int]]:
+    """The next frame on the code socket whose op is `op`, with its descriptors; the others are stale (a hand-over
+    that never completed left its `hello` there). Exits once the server is gone."""
+    while True:
+        frame, fds = read_frame_with_fds(command)
+        if frame is None:
+            os._exit(0)
+        if isinstance(frame, dict) and frame.get("op") == op:
+            return frame, fds
+        for fd in fds:
+            os.close(fd)
+
+
+def _answer_hello(command: socket.socket) -> socket.socket:
+    """Take the report channel the server sends on the code socket and answer `R` on it: only a head in its loop
+    reads there, so the answer is the server's proof that this process is one. A stale one is closed at its end."""
+    while True:
+        _, fds = _next_frame(command, "hello")
+        channels = [socket.socket(fileno=fd) for fd in fds]
+        for extra in channels[1:]:
+            extra.close()
+        if channels:
+            try:
+                channels[0].send(b"R\n")
+                return channels[0]
+            except OSError:
+                channels[0].close()
+
+
+_IGNORED = (signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ)
+
+
+def _clear_handlers() -> None:
+    """Before a cell becomes the head: nothing it installed may run inside the head's loop (its threads are the
+    server's to count). SIGHUP stays ignored: a head that took over leads an orphaned process group."""
+    for sig in signal.valid_signals():
+        with contextlib.suppress(OSError, ValueError, RuntimeError):  # SIGKILL, SIGSTOP, glibc's own
+            signal.signal(sig, signal.SIG_IGN if sig in _IGNORED else signal.SIG_DFL)
+    sys.settrace(None)
+    sys.setprofile(None)
+
+
 def session_head_main(command_fd: int, status_fd: int, buffer: cell.OutputBuffer, zygote: int,
                       **limits: Any) -> None:
-    """Hold an episode's state; report each cell on the status socket: `C <pid>`, then `T` (it took over) or
-    `X <wait status>`; the cell says `S` just before its code starts. A cell holds no channel to its head: it ends
-    by stopping itself, which the head sees through the kernel (waitpid), and the server learns from the kernel
-    which process wrote each message (SO_PASSCRED), so a cell, which holds the same socket, speaks only for itself."""
+    """Hold an episode's state and run each request as a cell, a fork of itself; the server's `_run_cell` tells the
+    protocol and why it holds. The head reports on a channel the server sent it (`_answer_hello`): `C <pid>`, `T`
+    at each stop of the cell, `X <wait status>` once it ends; the cell says `S` on the status socket just before
+    its code starts. A cell that succeeded stops itself, and becomes the head once the server resumes it, it answers
+    the server's hello, and the server ends its old head."""
     namespace = _fresh_namespace()
     # Once its head exits, a cell that took over leads an orphaned process group, which the kernel sends SIGHUP.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     # User code may rebind the os module's names.
     fork, write, kill, waitpid, getppid = os.fork, os.write, os.kill, os.waitpid, os.getppid
+    command = socket.socket(fileno=command_fd)
+    reports = _answer_hello(command)
     while True:
         _die_with(zygote)
         _reap_strays(waitpid)
-        request = read_frame_blocking(command_fd)
-        if request is None:
-            os._exit(0)
+        request, fds = _next_frame(command, "run")
+        for fd in fds:
+            os.close(fd)
         pid = fork()
         if pid == 0:
+            reports.close()  # its head's channel: no cell holds it while its code runs
             os.setpgid(0, 0)  # its own group, so a timeout kills the cell and not the head
             code = execute(request, buffer, namespace, lambda: write(status_fd, b"S\n"), session=True, **limits)
             if buffer.status() != cell.STATUS_OK:
                 os._exit(code)
             old_head = getppid()
-            kill(0, signal.SIGSTOP)  # done: the head takes this stop as the cell's success and hands over
-            _die_with(zygote, old_head)  # adopted by the zygote once the old head is gone: dies with it from now on
+            _clear_handlers()
+            kill(0, signal.SIGSTOP)  # done: the head reports the stop, and the server resumes it for the hand-over
+            reports = _answer_hello(command)
+            _die_with(zygote, old_head)  # adopted by the zygote once the server ended the old head
             continue  # this fork is the new head, with the cell's state
         with contextlib.suppress(OSError):
             os.setpgid(pid, pid)  # also here, so the group exists before the server may need to kill it
-        write(status_fd, f"C {pid}\n".encode())
-        _, wait_status = waitpid(pid, os.WUNTRACED)
-        if os.WIFSTOPPED(wait_status):
-            write(status_fd, b"T\n")
-            os._exit(0)
-        write(status_fd, f"X {wait_status}\n".encode())
+        write(reports.fileno(), f"C {pid}\n".encode())
+        while True:
+            _, wait_status = waitpid(pid, os.WUNTRACED)
+            if not os.WIFSTOPPED(wait_status):
+                break
+            write(reports.fileno(), b"T\n")  # the server decides; if it takes the cell, it ends this head
+        write(reports.fileno(), f"X {wait_status}\n".encode())

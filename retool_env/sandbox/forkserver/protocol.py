@@ -46,6 +46,19 @@ def read_frame_blocking(fd: int) -> Any | None:
     return None if body is None else json.loads(body)
 
 
+def read_frame_with_fds(sock: socket.socket) -> tuple[Any | None, list[int]]:
+    """A frame and the descriptors sent with it (on a stream socket they arrive with its first bytes); (None, [])
+    once the peer is gone."""
+    header, fds, _, _ = socket.recv_fds(sock, _FRAME.size, _MAX_FDS)
+    rest = _read_exact(sock.fileno(), _FRAME.size - len(header)) if header else None
+    body = None if rest is None else _read_exact(sock.fileno(), _FRAME.unpack(header + rest)[0])
+    if body is None:
+        for fd in fds:
+            os.close(fd)
+        return None, []
+    return json.loads(body), fds
+
+
 async def read_frame(reader: asyncio.StreamReader) -> Any:
     (size,) = _FRAME.unpack(await reader.readexactly(_FRAME.size))
     return json.loads(await reader.readexactly(size))

@@ -72,74 +72,133 @@ class Child:
         return self.report.startswith(b"run\n")
 
 
-class StatusChannel:
-    """A session's status socket (SOCK_SEQPACKET). Head and cells all hold the other end, so every message comes
-    with the pid of the process that wrote it, as the kernel saw it (SCM_CREDENTIALS): a cell cannot speak for its
-    head, and nothing speaks for the server."""
+_CREDENTIALS = struct.Struct("3i")  # pid, uid, gid
+_CREDENTIALS_SPACE = socket.CMSG_SPACE(_CREDENTIALS.size)
+
+
+def _writer(ancillary: list[tuple[int, int, bytes]]) -> int | None:
+    """The pid the kernel attached to a message (SO_PASSCRED); None for end of file, which carries none."""
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(data) >= _CREDENTIALS.size:
+            return int(_CREDENTIALS.unpack(data[: _CREDENTIALS.size])[0])
+    return None
+
+
+def _passing_credentials(sock: socket.socket) -> socket.socket:
+    sock.setblocking(False)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+    return sock
+
+
+class StartChannel:
+    """The socket on which a session's cells say `S` just before their code starts. Every process of the session
+    holds it; the kernel names each message's writer. It is read only when the server needs to know, a bounded
+    number of messages, so a flood fills its writers' buffer and costs the server one bounded read."""
 
     def __init__(self, fd: int) -> None:
-        self.sock = socket.socket(fileno=fd)
-        self.sock.setblocking(False)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-        self.messages: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue()
+        self.sock = _passing_credentials(socket.socket(fileno=fd))
+        self.started = False
+
+    def _drain(self, limit: int = 4096) -> None:
+        for _ in range(limit):  # a cell's `S` precedes anything its code writes, and the buffer holds a few hundred
+            try:
+                data, ancillary, _, _ = self.sock.recvmsg(8, _CREDENTIALS_SPACE)
+            except OSError:  # nothing waiting (BlockingIOError) or closed
+                return
+            if not data and _writer(ancillary) is None:
+                return
+            self.started |= data == b"S\n"
+
+    def clear(self) -> None:
+        """Forget what earlier calls said."""
+        self._drain()
+        self.started = False
+
+    def any_started(self) -> bool:
+        """Whether a cell said its code was starting since `clear` (only the session's own processes hold this
+        socket, and the head never writes on it)."""
+        self._drain()
+        return self.started
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class ReportChannel:
+    """A head's report socket (SOCK_SEQPACKET): the server sends one end to the head on the code socket (`_hello`)
+    and keeps the other. Each message comes with its writer's pid as the kernel saw it (SO_PASSCRED), and only those
+    from `writer` are kept, a few at a time: a flood from any other process costs a read, never a place. End of file
+    (every holder gone) is kept too, as (0, b"")."""
+
+    def __init__(self, sock: socket.socket, writer: int, events: asyncio.Queue[tuple[ReportChannel, int, bytes]]) -> None:
+        self.sock = _passing_credentials(sock)
+        self.writer = writer
+        self.events = events  # the session's: one queue for the head's channel and a hand-over's
+        self.pending = 0
+        self.closed = False
         self.loop = asyncio.get_running_loop()
         self.loop.add_reader(self.sock.fileno(), self._on_readable)
 
     def _on_readable(self) -> None:
-        for _ in range(64):  # then let the loop breathe: a cell may write as fast as it can
+        for _ in range(64):  # then let the loop breathe
             try:
-                data, ancillary, _, _ = self.sock.recvmsg(64, socket.CMSG_SPACE(struct.calcsize("3i")))
+                data, ancillary, _, _ = self.sock.recvmsg(64, _CREDENTIALS_SPACE)
             except BlockingIOError:
                 return
             except OSError:
                 data, ancillary = b"", []
-            if not data:
-                self.loop.remove_reader(self.sock.fileno())
-                self.messages.put_nowait((0, b""))
+            pid = _writer(ancillary)
+            if not data and pid is None:
+                self.close()
+                self.events.put_nowait((self, 0, b""))
                 return
-            pid = next((struct.unpack("3i", d[:12])[0] for level, kind, d in ancillary
-                        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(d) >= 12), 0)
-            if self.messages.qsize() < 256:
-                self.messages.put_nowait((pid, data))
-
-    def clear(self) -> None:
-        """Forget what earlier calls left unread."""
-        closed = False
-        while not self.messages.empty():
-            closed |= not self.messages.get_nowait()[1]
-        if closed:
-            self.messages.put_nowait((0, b""))
-
-    async def next_from(self, pids: set[int] | None, deadline: float) -> tuple[int, bytes]:
-        """The next message written by one of `pids` (others are dropped; None: any); (0, b"") once every writer is
-        gone.
-        Raises TimeoutError past `deadline` (perf_counter)."""
-        while True:
-            pid, data = await asyncio.wait_for(self.messages.get(), max(0.0, deadline - time.perf_counter()))
-            if not data:
-                self.messages.put_nowait((0, b""))  # stays closed
-                return 0, b""
-            if pids is None or pid in pids:
-                return pid, data
+            if pid == self.writer and self.pending < 16:
+                self.pending += 1
+                self.events.put_nowait((self, pid, data))
 
     def close(self) -> None:
-        with contextlib.suppress(ValueError, OSError):
-            self.loop.remove_reader(self.sock.fileno())
-        self.sock.close()
+        if not self.closed:
+            self.closed = True
+            with contextlib.suppress(ValueError, OSError):
+                self.loop.remove_reader(self.sock.fileno())
+            self.sock.close()
 
 
 @dataclass
 class Session:
     head: Child
-    status: StatusChannel
+    status: StartChannel
+    reports: ReportChannel  # from the head alone: its cells close their copy before their code runs
+    events: asyncio.Queue[tuple[ReportChannel, int, bytes]]
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     took_over: bool = False  # a cell became the head: the head's process now holds what model code left in it
     memory: int = 0  # bytes it held when last paused (a stopped session does not grow)
 
 
+def _thread_count(pid: int) -> int:
+    """The threads a process runs now, as the kernel counts them (nothing in the process can change what it says);
+    0 once it is gone."""
+    with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("Threads:"):
+                return int(line.split()[1])
+    return 0
+
+
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
+
+
+def signal_name(sig: int) -> str:
+    """A signal's name for a note, for every number a process can die of (`signal.Signals` lacks the real-time ones,
+    and raising here would turn the code's own signal into an executor failure)."""
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        if signal.SIGRTMIN <= sig <= signal.SIGRTMAX:
+            return f"SIGRTMIN+{sig - signal.SIGRTMIN}"
+        return f"signal {sig}"
 
 
 def _available_mb() -> int:
@@ -314,7 +373,7 @@ class Server:
             elif sig == signal.SIGKILL and oom:
                 status, note = "memory", f"MemoryError: execution exceeded the {memory} MB memory limit (files in /tmp count)"
             else:
-                status, note = "killed", f"Killed: the process was terminated by signal {signal.Signals(sig).name}"
+                status, note = "killed", f"Killed: the process was terminated by signal {signal_name(sig)}"
         elif state == cell.STATUS_MEMORY:
             status, note = "memory", f"MemoryError: execution exceeded the {memory} MB memory limit"
         elif exit_code == 0:
@@ -327,6 +386,17 @@ class Server:
             "status": status, "stdout": stdout, "stderr": stderr, "exit_code": exit_code, "duration": duration,
             "stdout_truncated": stdout_truncated, "stderr_truncated": stderr_truncated, "note": note,
         }  # fmt: skip
+
+    @staticmethod
+    def _failed_after_start(child: Child, duration: float, exc: Exception, reset: str = "") -> dict[str, Any]:
+        """The result when the server's own path fails once the code has started: the code's outcome (`killed`,
+        with what failed), never `sandbox_error`, whatever the code did to cause it."""
+        result: dict[str, Any] = {"status": "killed", "duration": duration,
+                                  "note": f"Killed: the call ended abnormally ({type(exc).__name__}: {exc}){reset}"}
+        with contextlib.suppress(Exception):
+            result["stdout"], result["stdout_truncated"] = child.buffer.read(0)
+            result["stderr"], result["stderr_truncated"] = child.buffer.read(1)
+        return result
 
     @staticmethod
     def _absorb(child: Child) -> None:
@@ -405,6 +475,13 @@ class Server:
                 duration = time.perf_counter() - start
                 self._absorb(child)  # its `run` may still be unread when its exit is reported first
                 return self._result(child, exit_info, request, duration, timed_out, child.started)
+            except Exception as exc:
+                self._absorb(child)
+                if not child.started:
+                    raise
+                with contextlib.suppress(OSError):
+                    os.killpg(child.pid, signal.SIGKILL)
+                return self._failed_after_start(child, time.perf_counter() - start, exc)
             finally:
                 self.running.pop(child.pid, None)
                 # After the response is written (call_soon): the child is already dead or dying, and the release and
@@ -413,16 +490,48 @@ class Server:
                 loop.call_soon(self._discard, child)
                 loop.call_soon(self._schedule_refill, child.zygote)
 
-    async def _open_session(self, name: str) -> Session:
+    async def _open_session(self, name: str, wait: float) -> Session:
         while len(self.sessions) >= self.config.max_sessions:  # close the least recently used, idle if possible
             idle = [key for key, s in self.sessions.items() if not s.lock.locked()]
             self._close(self.sessions.pop(idle[0] if idle else next(iter(self.sessions))))
         head = await self._fork(self.full, session=True)
-        status = StatusChannel(head.status_fd)
+        status = StartChannel(head.status_fd)
         head.status_fd = -1  # owned by the channel now
-        session = Session(head, status)
+        events: asyncio.Queue[tuple[ReportChannel, int, bytes]] = asyncio.Queue()
+        reports = None
+        try:
+            reports = self._hello(head.code_fd, head.pid, events)
+            _, _, line = await asyncio.wait_for(events.get(), wait)
+            if line != b"R\n":
+                raise OSError(f"its first word was {line!r}")
+        except (OSError, asyncio.TimeoutError) as exc:
+            status.close()
+            if reports is not None:
+                reports.close()
+            self._discard(head)
+            raise OSError(f"the session's interpreter did not start ({type(exc).__name__}: {exc})") from exc
+        session = Session(head, status, reports, events)
         self.sessions[name] = session
         return session
+
+    @staticmethod
+    def _hello(code_fd: int, writer: int, events: asyncio.Queue[tuple[ReportChannel, int, bytes]]) -> ReportChannel:
+        """Send a fresh report channel to whoever next reads the session's code socket: a head does, in its loop,
+        and answers `R` on it. Only `writer`'s messages count on it, as the kernel names them."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        channel = ReportChannel(ours, writer, events)
+        try:
+            code = socket.socket(fileno=code_fd)
+            try:
+                socket.send_fds(code, [pack({"op": "hello"})], [theirs.fileno()])
+            finally:
+                code.detach()
+        except OSError:
+            channel.close()
+            raise
+        finally:
+            theirs.close()
+        return channel
 
     def _is_cell(self, pid: int, head: Child, *, gone_ok: bool = False) -> bool:
         """A head that took over is a process model code ran in, so check a pid it reports before signalling it.
@@ -439,6 +548,7 @@ class Server:
 
     def _close(self, session: Session) -> None:
         session.status.close()
+        session.reports.close()
         confine.kill_session(session.head.sid)
         self._discard(session.head)
 
@@ -472,110 +582,159 @@ class Server:
             self._close(session)
             self.evicted += 1
 
-    async def _session(self, name: str) -> Session:
+    async def _session(self, name: str, wait: float) -> Session:
         """The named session, opened once even when several of its calls arrive together."""
         session = self.sessions.get(name)
         if session is not None:
             return session
         opening = self.opening.get(name)
         if opening is None:
-            opening = self.opening[name] = asyncio.ensure_future(self._open_session(name))
+            opening = self.opening[name] = asyncio.ensure_future(self._open_session(name, wait))
             opening.add_done_callback(lambda _: self.opening.pop(name, None))
         return await asyncio.shield(opening)
 
-    @staticmethod
-    async def _report(session: Session, head: Child, pids: set[int] | None, deadline: float) -> tuple[int, bytes]:
-        """`next_from`, ending early (as if every writer were gone) once the head has exited: its cell may still hold
-        the socket, with no one left to report on it."""
-        waiting = asyncio.ensure_future(session.status.next_from(pids, deadline))
-        await asyncio.wait([waiting, head.exited], return_when=asyncio.FIRST_COMPLETED)  # type: ignore[type-var]  # two result types
-        if waiting.done():
-            return waiting.result()
-        try:
-            return await asyncio.wait_for(asyncio.shield(waiting), 1.0)  # what it wrote just before exiting
-        except asyncio.TimeoutError:
-            waiting.cancel()
-            return 0, b""
-
     async def run_session(self, name: str, request: dict[str, Any]) -> dict[str, Any]:
-        """One cell of a session. Only the head's messages say how the cell ended, and only the cell's `S` that its
-        code started (the kernel names each message's writer). Once a cell has taken over, the head's process is
-        one that model code ran in: whatever becomes of it is the code's outcome, never `sandbox_error`."""
-        session = await self._session(name)
+        """One cell of a session (`_run_cell`). Once a cell has taken over, the head's process is one that model code
+        ran in: whatever becomes of it, or of the server's own path, is the code's outcome, never `sandbox_error`."""
+        session = await self._session(name, request["timeout"] + 5)
         if self.sessions.get(name) is session:
             self.sessions.move_to_end(name)
         async with session.lock, self.semaphore:
-            head = session.head
-            head.buffer.reset()
-            session.status.clear()
             start = time.perf_counter()
-            deadline = start + request["timeout"]
-            timed_out = False
-            started = session.took_over
-            problem = ""
-            cell_pid = -1
-            line = b""
             try:
-                with contextlib.suppress(OSError):
-                    os.kill(head.pid, signal.SIGCONT)
-                await self._send(head.code_fd, request)
-                said_started: set[int] = set()  # a cell may run (and say `S`) before its head has named it
-                while True:
-                    pid, line = await self._report(session, head, None, deadline + 5)
-                    if line == b"S\n":
-                        said_started.add(pid)
-                    elif pid == head.pid or not line:
-                        break
-                cell_pid = int(line.split()[1])
-                started = started or cell_pid in said_started
-                # A quick cell may already have taken over, its head gone and the zygote its parent.
-                if not line.startswith(b"C ") or not self._is_cell(cell_pid, head, gone_ok=True):
-                    raise ValueError(f"unexpected report from the session head: {line!r}")
-                while True:
-                    try:
-                        pid, line = await self._report(session, head, {head.pid, cell_pid}, deadline)
-                    except asyncio.TimeoutError:
-                        timed_out = True
-                        if self._is_cell(cell_pid, head):
-                            with contextlib.suppress(OSError):
-                                os.killpg(cell_pid, signal.SIGKILL)
-                        _, line = await self._report(session, head, {head.pid}, time.perf_counter() + 2.0)
-                        break
-                    if pid == cell_pid and line == b"S\n":
-                        started = True
-                    elif pid == head.pid or not line:  # the head's report, or every writer gone
-                        break
-            except (asyncio.TimeoutError, OSError, ValueError, IndexError) as exc:
-                problem = f" ({type(exc).__name__}: {exc})"
-                line = b""
-            duration = time.perf_counter() - start
-            if line == b"T\n" and started and self._is_cell(cell_pid, head):
-                exited = self.waiters[cell_pid] = asyncio.get_running_loop().create_future()  # the new head
-                session.head = Child(head.cid, head.zygote, cell_pid, head.code_fd, head.buffer, exited, sid=head.sid,
-                                     group=head.group)
-                session.took_over = True
-                # Stop the new head only once the old one has exited: its exit orphans the new head's process group,
-                # and the kernel then sends it SIGCONT. A loaded machine may take seconds, so the wait is what is
-                # left of the call's time limit, plus 5 s, as for its first report.
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(head.exited), max(0.0, deadline - time.perf_counter()) + 5)
-                self._pause(session)
-                return self._result(session.head, (0, 0.0, False), request, duration, False, True)
-            if line.startswith(b"X ") and line[2:-1].isdigit() and line.endswith(b"\n"):
-                result = self._result(head, (int(line[2:-1]), 0.0, False), request, duration, timed_out, started)
-                self._pause(session)
-                return result
-            if self.sessions.get(name) is session:
-                del self.sessions[name]
-            self._close(session)
-            if timed_out:
-                note = f"TimeoutError: execution exceeded the {request['timeout']:g} s time limit; the session was reset"
-                return {"status": "timeout", "note": note, "duration": duration}
-            if started:
-                note = "Killed: the session's interpreter, which runs the code, died; its state is lost and the session was reset"
-                return {"status": "killed", "note": note + problem, "duration": duration}
-            note = f"SandboxError: the session's interpreter died and its state is lost{problem}"
-            return {"status": "sandbox_error", "note": note, "duration": duration}
+                return await self._run_cell(name, session, request, start)
+            except Exception as exc:  # the server's own path failed: what the session holds is unknown, so reset it
+                self._forget(name, session)
+                if session.took_over or session.status.any_started():
+                    return self._failed_after_start(session.head, time.perf_counter() - start, exc,
+                                                    "; the session was reset")
+                note = f"SandboxError: the session failed before the code started ({type(exc).__name__}: {exc})"
+                return {"status": "sandbox_error", "note": note, "duration": time.perf_counter() - start}
+
+    def _forget(self, name: str, session: Session) -> None:
+        if self.sessions.get(name) is session:
+            del self.sessions[name]
+        self._close(session)
+
+    @staticmethod
+    async def _event(session: Session, deadline: float) -> tuple[ReportChannel, int, bytes]:
+        """The next message on the head's channel or a hand-over's. Raises TimeoutError past `deadline`."""
+        channel, pid, line = await asyncio.wait_for(session.events.get(), max(0.0, deadline - time.perf_counter()))
+        channel.pending -= bool(line)
+        return channel, pid, line
+
+    async def _from_head(self, session: Session, deadline: float) -> bytes:
+        """The head's next report, skipping `T` (a stop it saw); b"" once it is gone."""
+        while not session.reports.closed or not session.events.empty():
+            channel, _, line = await self._event(session, deadline)
+            if channel is session.reports and line != b"T\n":
+                return line
+        return b""
+
+    async def _run_cell(self, name: str, session: Session, request: dict[str, Any], start: float) -> dict[str, Any]:
+        """The head forks a cell for the code and reports on its own channel (`C <cell pid>`, `T` each time the cell
+        stops, `X <wait status>` once it ends); the cell says `S` just before its code starts.
+
+        Why the head's word can be trusted, and how a cell becomes the head. A cell that succeeded stops itself; its
+        head reports the stop and keeps waiting on it, holding the state from before the cell. The server then
+        sends a fresh report channel on the code socket and resumes the cell: only a process back in the head's
+        loop reads the code socket and answers `R` on that channel. The server takes the cell as the new head only
+        on that answer from the cell's pid (the kernel names the writer), and only if the kernel counts one thread
+        in it; then it ends the old head. So a cell that stops its own group mid-code is resumed into its code, and
+        the call lasts as long as that code; a cell cannot become the head with a thread left running (such a cell
+        is an `error` and its state is rolled back); and every later report comes from that head's one thread, on
+        a channel none of its cells holds (each closes its copy before its code runs), so no flood reaches it. What
+        the code does to its own interpreter (rewriting the loop's functions) it does to its own later cells.
+        """
+        head = session.head
+        head.buffer.reset()
+        session.status.clear()
+        while not session.events.empty():  # what an earlier call left unread (the end of a channel stays known)
+            session.events.get_nowait()[0].pending = 0
+        deadline = start + request["timeout"]
+        timed_out, threads_left, handover = False, 0, None
+        problem, line = "", b""
+        try:
+            with contextlib.suppress(OSError):
+                os.kill(head.pid, signal.SIGCONT)
+            await self._send(head.code_fd, request)
+            line = await self._from_head(session, deadline + 5)  # a loaded machine may take a while to fork
+            named = re.fullmatch(rb"C (\d{1,9})\n", line)
+            if named is None or not self._is_cell(int(named[1]), head, gone_ok=True):
+                raise ValueError(f"unexpected report from the session head: {line!r}")
+            cell = int(named[1])
+            while True:
+                try:
+                    channel, pid, line = await self._event(session, deadline)
+                except asyncio.TimeoutError:
+                    timed_out = True
+                    if self._is_cell(cell, head):
+                        with contextlib.suppress(OSError):
+                            os.killpg(cell, signal.SIGKILL)
+                    line = await self._from_head(session, time.perf_counter() + 2.0)
+                    break
+                if channel is handover and line == b"R\n":
+                    threads = _thread_count(cell)
+                    if threads == 1 and self._is_cell(cell, head):
+                        return await self._hand_over(session, handover, cell, request, start, deadline)
+                    threads_left = max(0, threads - 1)
+                    if self._is_cell(cell, head):
+                        with contextlib.suppress(OSError):  # its head then reports how it ended, its state kept
+                            os.killpg(cell, signal.SIGKILL)
+                elif channel is session.reports and line == b"T\n":  # stopped: done, or its code stopped itself
+                    handover = handover or self._hello(head.code_fd, cell, session.events)
+                    if self._is_cell(cell, head):
+                        with contextlib.suppress(OSError):
+                            os.killpg(cell, signal.SIGCONT)
+                elif channel is session.reports:
+                    break
+        except (asyncio.TimeoutError, OSError, ValueError) as exc:
+            problem = f" ({type(exc).__name__}: {exc})"
+            line = b""
+        finally:
+            if handover is not None and handover is not session.reports:
+                handover.close()
+        duration = time.perf_counter() - start
+        ended = re.fullmatch(rb"X (\d{1,5})\n", line)
+        if ended is not None and int(ended[1]) < 1 << 16:
+            started = session.took_over or session.status.any_started()
+            result = self._result(head, (int(ended[1]), 0.0, False), request, duration, timed_out, started)
+            if threads_left and not timed_out:
+                result["status"] = "error"
+                result["note"] = (f"RuntimeError: the cell left {threads_left} thread(s) running; a session keeps no "
+                                  "thread between calls, so its state is as before the cell (join threads before it ends)")
+            self._pause(session)
+            return result
+        self._forget(name, session)
+        if timed_out:
+            note = f"TimeoutError: execution exceeded the {request['timeout']:g} s time limit; the session was reset"
+            return {"status": "timeout", "note": note, "duration": duration}
+        if session.took_over or session.status.any_started():
+            note = "Killed: the session's interpreter, which runs the code, died; its state is lost and the session was reset"
+            return {"status": "killed", "note": note + problem, "duration": duration}
+        note = f"SandboxError: the session's interpreter died and its state is lost{problem}"
+        return {"status": "sandbox_error", "note": note, "duration": duration}
+
+    async def _hand_over(self, session: Session, handover: ReportChannel, cell: int, request: dict[str, Any],
+                         start: float, deadline: float) -> dict[str, Any]:
+        """Make the cell that answered the hand-over the session's head, end the old head, and pause the session."""
+        duration = time.perf_counter() - start
+        head = session.head
+        exited = self.waiters[cell] = asyncio.get_running_loop().create_future()  # reported once the zygote adopts it
+        session.head = Child(head.cid, head.zygote, cell, head.code_fd, head.buffer, exited, sid=head.sid,
+                             group=head.group)
+        session.reports.close()
+        session.reports = handover
+        session.took_over = True
+        with contextlib.suppress(OSError):
+            os.kill(head.pid, signal.SIGKILL)
+        # Stop the new head only once the old one has exited: its exit orphans the new head's process group, and the
+        # kernel then sends it SIGCONT if it is stopped. A loaded machine may take seconds, so the wait is what is
+        # left of the call's time limit, plus 5 s, as for its first report.
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(head.exited), max(0.0, deadline - time.perf_counter()) + 5)
+        self._pause(session)
+        return self._result(session.head, (0, 0.0, False), request, duration, False, True)
 
     async def close_session(self, name: str) -> None:
         session = self.sessions.pop(name, None)
