@@ -161,16 +161,17 @@ def _next_frame(command: socket.socket, op: str) -> tuple[Any, list[int]]:
 
 
 def _answer_hello(command: socket.socket) -> socket.socket:
-    """Take the report channel the server sends on the code socket and answer `R` on it: only a head in its loop
-    reads there, so the answer is the server's proof that this process is one. A stale one is closed at its end."""
+    """Take the report channel the server sends on the code socket and answer `R` on it: the server's proof that
+    this process is back in the head's loop. A stale one (its call is over) is closed at the server's end."""
     while True:
         _, fds = _next_frame(command, "hello")
-        channels = [socket.socket(fileno=fd) for fd in fds]
+        # Family, type and protocol named: the filter refuses the calls that would find them out.
+        channels = [socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, 0, fileno=fd) for fd in fds]
         for extra in channels[1:]:
             extra.close()
         if channels:
             try:
-                channels[0].send(b"R\n")
+                os.write(channels[0].fileno(), b"R\n")
                 return channels[0]
             except OSError:
                 channels[0].close()
@@ -180,8 +181,8 @@ _IGNORED = (signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ)
 
 
 def _clear_handlers() -> None:
-    """Before a cell becomes the head: nothing it installed may run inside the head's loop (its threads are the
-    server's to count). SIGHUP stays ignored: a head that took over leads an orphaned process group."""
+    """Before a cell becomes the head: no handler or trace function it installed may run inside the head's loop
+    (its threads are the server's to count). SIGHUP stays ignored (see `session_head_main`)."""
     for sig in signal.valid_signals():
         with contextlib.suppress(OSError, ValueError, RuntimeError):  # SIGKILL, SIGSTOP, glibc's own
             signal.signal(sig, signal.SIG_IGN if sig in _IGNORED else signal.SIG_DFL)
@@ -191,17 +192,17 @@ def _clear_handlers() -> None:
 
 def session_head_main(command_fd: int, status_fd: int, buffer: cell.OutputBuffer, zygote: int,
                       **limits: Any) -> None:
-    """Hold an episode's state and run each request as a cell, a fork of itself; the server's `_run_cell` tells the
-    protocol and why it holds. The head reports on a channel the server sent it (`_answer_hello`): `C <pid>`, `T`
-    at each stop of the cell, `X <wait status>` once it ends; the cell says `S` on the status socket just before
-    its code starts. A cell that succeeded stops itself, and becomes the head once the server resumes it, it answers
-    the server's hello, and the server ends its old head."""
+    """Hold an episode's state and run each request as a cell, a fork of itself (the server's `_run_cell` tells
+    the protocol and why it holds). The head reports on a channel the server sent it (`_answer_hello`): `C <pid>`,
+    then `X <wait status>`; the cell says `S` on the status socket just before its code starts. A cell that
+    succeeded answers the hello the server sent after the request, and becomes the head once the server ends its
+    old head."""
     namespace = _fresh_namespace()
     # Once its head exits, a cell that took over leads an orphaned process group, which the kernel sends SIGHUP.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     # User code may rebind the os module's names.
-    fork, write, kill, waitpid, getppid = os.fork, os.write, os.kill, os.waitpid, os.getppid
-    command = socket.socket(fileno=command_fd)
+    fork, write, waitpid, getppid = os.fork, os.write, os.waitpid, os.getppid
+    command = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fileno=command_fd)
     reports = _answer_hello(command)
     while True:
         _die_with(zygote)
@@ -218,16 +219,11 @@ def session_head_main(command_fd: int, status_fd: int, buffer: cell.OutputBuffer
                 os._exit(code)
             old_head = getppid()
             _clear_handlers()
-            kill(0, signal.SIGSTOP)  # done: the head reports the stop, and the server resumes it for the hand-over
-            reports = _answer_hello(command)
-            _die_with(zygote, old_head)  # adopted by the zygote once the server ended the old head
+            reports = _answer_hello(command)  # done: the server takes this process as the head, and ends the old one
+            _die_with(zygote, old_head)  # adopted by the zygote once the old head is gone
             continue  # this fork is the new head, with the cell's state
         with contextlib.suppress(OSError):
             os.setpgid(pid, pid)  # also here, so the group exists before the server may need to kill it
         write(reports.fileno(), f"C {pid}\n".encode())
-        while True:
-            _, wait_status = waitpid(pid, os.WUNTRACED)
-            if not os.WIFSTOPPED(wait_status):
-                break
-            write(reports.fileno(), b"T\n")  # the server decides; if it takes the cell, it ends this head
+        _, wait_status = waitpid(pid, 0)
         write(reports.fileno(), f"X {wait_status}\n".encode())

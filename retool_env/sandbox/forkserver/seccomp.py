@@ -6,7 +6,8 @@ glibc's fallbacks still work), the calls model code must not make fail with EPER
 Dual-use calls are allowed with their arguments checked: `clone` without namespace flags (and only threads, except
 in session heads, which snapshot state by forking), `kill`/`tgkill` to itself, `ioctl`, `prctl` and `personality`
 for queries, `setpriority` only to be nicer, `prlimit64` on itself, `socketpair` for AF_UNIX (a connected pair
-inside the process: asyncio's self-pipe); `socket` never.
+inside the process: asyncio's self-pipe); `socket` never. Session heads also `recvmsg`: the server hands each
+head the channel it reports on through its code socket (server.py's `_run_cell`).
 
 Nothing may act on a host object it can merely read (the view is read-only, but page cache, locks and signal
 routing are shared): `fadvise64`, `fsync`, `fdatasync` and `msync` succeed without doing anything, as do `flock`,
@@ -33,7 +34,7 @@ SYSCALLS = {
     "rt_sigreturn": 15, "ioctl": 16, "pread64": 17, "pwrite64": 18, "readv": 19, "writev": 20, "access": 21,
     "pipe": 22, "select": 23, "sched_yield": 24, "mremap": 25, "msync": 26, "mincore": 27, "madvise": 28,
     "dup": 32, "dup2": 33, "pause": 34, "nanosleep": 35, "getitimer": 36, "alarm": 37, "setitimer": 38,
-    "getpid": 39, "sendfile": 40, "socket": 41, "socketpair": 53, "clone": 56, "fork": 57, "vfork": 58,
+    "getpid": 39, "sendfile": 40, "socket": 41, "recvmsg": 47, "socketpair": 53, "clone": 56, "fork": 57, "vfork": 58,
     "execve": 59, "exit": 60, "wait4": 61, "kill": 62, "uname": 63, "fcntl": 72, "flock": 73, "fsync": 74,
     "fdatasync": 75, "truncate": 76, "ftruncate": 77, "getdents": 78, "getcwd": 79, "chdir": 80, "fchdir": 81,
     "rename": 82, "mkdir": 83, "rmdir": 84, "creat": 85, "link": 86, "unlink": 87, "symlink": 88, "readlink": 89,
@@ -163,6 +164,7 @@ def build_filter(self_pid: int, *, allow_fork: bool) -> bytes:
     }  # fmt: skip
     if allow_fork:
         checked["setpgid"] = [_insn(_RET, _RET_ALLOW)]  # a head puts each cell in its own group
+        checked["recvmsg"] = [_insn(_RET, _RET_ALLOW)]  # a head receives its report channel
     prog = [
         _load(_ARCH),
         _insn(_JEQ, _AUDIT_ARCH_X86_64, 1, 0),

@@ -131,6 +131,7 @@ class ReportChannel:
     (every holder gone) is kept too, as (0, b"")."""
 
     def __init__(self, sock: socket.socket, writer: int, events: asyncio.Queue[tuple[ReportChannel, int, bytes]]) -> None:
+        """`writer` 0: any process that holds the other end (a hand-over's, whose pid is checked as it is read)."""
         self.sock = _passing_credentials(sock)
         self.writer = writer
         self.events = events  # the session's: one queue for the head's channel and a hand-over's
@@ -152,7 +153,7 @@ class ReportChannel:
                 self.close()
                 self.events.put_nowait((self, 0, b""))
                 return
-            if pid == self.writer and self.pending < 16:
+            if pid is not None and self.writer in (0, pid) and self.pending < 16:
                 self.pending += 1
                 self.events.put_nowait((self, pid, data))
 
@@ -516,8 +517,8 @@ class Server:
 
     @staticmethod
     def _hello(code_fd: int, writer: int, events: asyncio.Queue[tuple[ReportChannel, int, bytes]]) -> ReportChannel:
-        """Send a fresh report channel to whoever next reads the session's code socket: a head does, in its loop,
-        and answers `R` on it. Only `writer`'s messages count on it, as the kernel names them."""
+        """Send a fresh report channel on the session's code socket, to be read by a head in its loop, which answers
+        `R` on it (`_run_cell`). Only `writer`'s messages count on it (0: anyone's), as the kernel names them."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         channel = ReportChannel(ours, writer, events)
         try:
@@ -624,70 +625,71 @@ class Server:
         return channel, pid, line
 
     async def _from_head(self, session: Session, deadline: float) -> bytes:
-        """The head's next report, skipping `T` (a stop it saw); b"" once it is gone."""
+        """The head's next report; b"" once it is gone."""
         while not session.reports.closed or not session.events.empty():
             channel, _, line = await self._event(session, deadline)
-            if channel is session.reports and line != b"T\n":
+            if channel is session.reports:
                 return line
         return b""
 
     async def _run_cell(self, name: str, session: Session, request: dict[str, Any], start: float) -> dict[str, Any]:
-        """The head forks a cell for the code and reports on its own channel (`C <cell pid>`, `T` each time the cell
-        stops, `X <wait status>` once it ends); the cell says `S` just before its code starts.
+        """The head forks a cell for the code and reports on its own channel: `C <cell pid>`, then `X <wait status>`
+        once the cell ends; the cell says `S` just before its code starts.
 
-        Why the head's word can be trusted, and how a cell becomes the head. A cell that succeeded stops itself; its
-        head reports the stop and keeps waiting on it, holding the state from before the cell. The server then
-        sends a fresh report channel on the code socket and resumes the cell: only a process back in the head's
-        loop reads the code socket and answers `R` on that channel. The server takes the cell as the new head only
-        on that answer from the cell's pid (the kernel names the writer), and only if the kernel counts one thread
-        in it; then it ends the old head. So a cell that stops its own group mid-code is resumed into its code, and
-        the call lasts as long as that code; a cell cannot become the head with a thread left running (such a cell
-        is an `error` and its state is rolled back); and every later report comes from that head's one thread, on
-        a channel none of its cells holds (each closes its copy before its code runs), so no flood reaches it. What
-        the code does to its own interpreter (rewriting the loop's functions) it does to its own later cells.
+        Why the head's word can be trusted, and how a cell becomes the head. With the request the server sends a
+        fresh report channel on the code socket (`_hello`); a cell that succeeded reads it, back in the head's loop,
+        and answers `R` on it. The server makes the cell the new head on that answer from the cell's pid (the
+        kernel names the writer) once the kernel counts one thread in it, and ends the old head, which held the
+        state from before the cell. A stop proves nothing (a cell that stops its own group just runs into its time
+        limit); a cell cannot become the head with a thread left running (the call is an `error`, the state as
+        before it); so every later report comes from a head's one thread, on a channel none of its cells holds
+        (each closes its copy before its code runs), out of reach of any flood. What code does to its own
+        interpreter (rewriting the loop's functions) it does to its own later cells.
         """
         head = session.head
         head.buffer.reset()
         session.status.clear()
-        while not session.events.empty():  # what an earlier call left unread (the end of a channel stays known)
+        while not session.events.empty():  # what an earlier call left unread (a channel's end stays known)
             session.events.get_nowait()[0].pending = 0
         deadline = start + request["timeout"]
-        timed_out, threads_left, handover = False, 0, None
+        timed_out, threads_left, cell, answered = False, 0, 0, 0
         problem, line = "", b""
+        handover: ReportChannel | None = None
         try:
             with contextlib.suppress(OSError):
                 os.kill(head.pid, signal.SIGCONT)
             await self._send(head.code_fd, request)
-            line = await self._from_head(session, deadline + 5)  # a loaded machine may take a while to fork
-            named = re.fullmatch(rb"C (\d{1,9})\n", line)
-            if named is None or not self._is_cell(int(named[1]), head, gone_ok=True):
-                raise ValueError(f"unexpected report from the session head: {line!r}")
-            cell = int(named[1])
+            handover = self._hello(head.code_fd, 0, session.events)  # read after the request: by the cell, if any
             while True:
-                try:
-                    channel, pid, line = await self._event(session, deadline)
+                try:  # a loaded machine may take a while to fork: the cell's pid gets 5 s more
+                    channel, pid, line = await self._event(session, deadline if cell else deadline + 5)
                 except asyncio.TimeoutError:
+                    if not cell:
+                        raise
                     timed_out = True
                     if self._is_cell(cell, head):
                         with contextlib.suppress(OSError):
                             os.killpg(cell, signal.SIGKILL)
                     line = await self._from_head(session, time.perf_counter() + 2.0)
                     break
-                if channel is handover and line == b"R\n":
-                    threads = _thread_count(cell)
+                if channel is session.reports and not cell:
+                    named = re.fullmatch(rb"C (\d{1,9})\n", line)
+                    if named is None or not self._is_cell(int(named[1]), head, gone_ok=True):
+                        raise ValueError(f"unexpected report from the session head: {line!r}")
+                    cell = int(named[1])
+                elif channel is session.reports:
+                    break
+                elif channel is handover and line == b"R\n":
+                    answered = pid  # the cell may answer before its head's `C` is read
+                if cell and answered == cell:
+                    answered = 0
+                    threads = await self._threads_after_joins(cell, deadline)
                     if threads == 1 and self._is_cell(cell, head):
                         return await self._hand_over(session, handover, cell, request, start, deadline)
                     threads_left = max(0, threads - 1)
                     if self._is_cell(cell, head):
                         with contextlib.suppress(OSError):  # its head then reports how it ended, its state kept
                             os.killpg(cell, signal.SIGKILL)
-                elif channel is session.reports and line == b"T\n":  # stopped: done, or its code stopped itself
-                    handover = handover or self._hello(head.code_fd, cell, session.events)
-                    if self._is_cell(cell, head):
-                        with contextlib.suppress(OSError):
-                            os.killpg(cell, signal.SIGCONT)
-                elif channel is session.reports:
-                    break
         except (asyncio.TimeoutError, OSError, ValueError) as exc:
             problem = f" ({type(exc).__name__}: {exc})"
             line = b""
@@ -714,6 +716,15 @@ class Server:
             return {"status": "killed", "note": note + problem, "duration": duration}
         note = f"SandboxError: the session's interpreter died and its state is lost{problem}"
         return {"status": "sandbox_error", "note": note, "duration": duration}
+
+    @staticmethod
+    async def _threads_after_joins(pid: int, deadline: float) -> int:
+        """The threads of a cell that answered: a thread its code joined may take a moment to leave the kernel's
+        count, so more than one is counted again for up to 0.5 s (within the time limit)."""
+        until = min(deadline, time.perf_counter() + 0.5)
+        while (threads := _thread_count(pid)) > 1 and time.perf_counter() < until:
+            await asyncio.sleep(0.005)
+        return threads
 
     async def _hand_over(self, session: Session, handover: ReportChannel, cell: int, request: dict[str, Any],
                          start: float, deadline: float) -> dict[str, Any]:
