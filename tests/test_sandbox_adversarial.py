@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import fcntl
+import json
 import mmap
 import os
 import socket
@@ -447,21 +448,188 @@ def test_calls_cannot_route_signals_to_other_processes(env):
         victim.wait()
 
 
-def test_a_session_interpreter_killed_by_earlier_code_is_not_a_sandbox_error(env):
-    """Code leaves a thread in the interpreter that becomes the session's head, and it ends that interpreter during
-    the next call: the code's doing (the episode must not be dropped as the executor's failure)."""
-    plant = "import os, threading, time\nthreading.Thread(target=lambda: (time.sleep(0.3), os._exit(70)), daemon=True).start()"
+def test_a_thread_left_running_never_reaches_the_head(env):
+    """Code leaves a thread that would end the interpreter during the next call: the cell cannot become the head
+    with it (an `error` that says so, its state rolled back), and the next call runs undisturbed."""
+    plant = ("import os, threading, time\nplanted = True\n"
+             "threading.Thread(target=lambda: (time.sleep(1.0), os._exit(70)), daemon=True).start()")
 
     async def main():
         sandbox = env["sandbox"]
         planted = await sandbox.run(plant, session="planted", timeout=10)
-        await asyncio.sleep(0.5)
-        hit = await sandbox.run("import time\ntime.sleep(1)\nprint('survived')", session="planted", timeout=5)
-        fresh = await sandbox.run("print('fresh')", session="planted", timeout=10)
+        await asyncio.sleep(1.0)
+        hit = await sandbox.run("import time\ntime.sleep(1)\nprint('survived', 'planted' in dir())",
+                                session="planted", timeout=5)
         await sandbox.close_session("planted")
-        return planted, hit, fresh
+        return planted, hit
 
-    planted, hit, fresh = asyncio.run(main())
-    assert planted.status == "ok", planted
-    assert hit.status == "killed" and hit.duration < 4, hit  # seen when the interpreter died, not at the deadline
-    assert (fresh.status, fresh.stdout) == ("ok", "fresh\n"), fresh
+    planted, hit = asyncio.run(main())
+    assert planted.status == "error" and "1 thread(s) running" in planted.note, planted
+    assert (hit.status, hit.stdout) == ("ok", "survived False\n"), hit
+
+
+# -- statuses code cannot forge: its own signals, threads, floods, stops (what each reports is judged from outside)
+
+SELF_SIGNALS = (32, 33, 40, 63)  # real-time signals (glibc keeps 32 and 33): `signal.Signals` names none of them
+
+
+def test_a_signal_the_code_sends_itself_is_its_own_death(env):
+    """Code prints, then sends itself a real-time signal: `killed` with its output, never `sandbox_error`; in a
+    session the state is as before the cell and the session goes on (the call was paused and swept)."""
+
+    async def main():
+        sandbox = env["sandbox"]
+        singles = await asyncio.gather(*(sandbox.run(f"print('bye', flush=True)\nimport os\nos.kill(os.getpid(), {sig})",
+                                                     timeout=10) for sig in SELF_SIGNALS))
+        await sandbox.run("kept = 5", session="self-signal", timeout=10)
+        cells = [await sandbox.run(f"kept = {sig}\nprint('bye', flush=True)\nimport os\nos.kill(0, {sig})",
+                                   session="self-signal", timeout=10) for sig in SELF_SIGNALS]
+        after = await sandbox.run("print(kept)", session="self-signal", timeout=10)
+        await sandbox.close_session("self-signal")
+        return singles, cells, after
+
+    singles, cells, after = asyncio.run(main())
+    for result in singles + cells:
+        assert (result.status, result.stdout) == ("killed", "bye\n"), result
+        assert result.note.startswith("Killed: the process was terminated by signal"), result
+    assert "SIGRTMIN+6" in singles[2].note, singles[2]
+    assert (after.status, after.stdout) == ("ok", "5\n"), after
+
+
+class SelfSignallingSolver:
+    """A scripted policy: one tool call whose code prints and then kills its interpreter with a real-time signal,
+    then a wrong final answer."""
+
+    def __init__(self, tok):
+        self.tok = tok
+
+    async def generate(self, prompt_ids, *, max_tokens, stop_token_ids=(), stop=(), sampling=None):
+        from retool_env.rollout import Generation
+
+        if "<tool_response>" in self.tok.decode(prompt_ids):
+            reply = "It died, so I guess: \\boxed{41}.<|im_end|>"
+        else:
+            code = "print('trying', flush=True)\nimport os\nos.kill(0, 40)"
+            reply = "<tool_call>\n" + json.dumps({"name": "code_interpreter", "arguments": {"code": code}})
+            reply += "\n</tool_call><|im_end|>"
+        ids = self.tok.encode(reply, add_special_tokens=False)
+        return Generation(ids, [-0.5] * len(ids), "stop")
+
+
+def test_an_episode_whose_code_signals_itself_is_graded_not_aborted(env, tiny_tok):
+    """A stateful episode is aborted on `sandbox_error`; code that kills its own interpreter must not earn that
+    escape from a wrong answer's penalty."""
+    from retool_env import Problem, ToolEnvironment
+    from retool_env.rollout import run_episode
+
+    problem = Problem("What is 6 * 7?", "42", id="self-signal")
+    episode = ToolEnvironment(tiny_tok, [problem], sandbox=env["sandbox"], stateful=True, tool_timeout=10.0)
+    traj = asyncio.run(run_episode(episode, SelfSignallingSolver(tiny_tok), problem=problem))
+    assert not traj.aborted, traj.finish_reason
+    assert [call.status for call in traj.tool_calls] == ["killed"]
+    assert not traj.correct and traj.reward == pytest.approx(-0.9)  # retool: min(-0.6, -1 + 0.1 * 1 call)
+
+
+THREAD_FORGER = """
+import os, socket, stat, threading, time
+def forge():  # every report a head or a new head sends, on every socket it can reach, and on any channel it receives
+    while True:
+        for fd in range(3, 256):
+            try:
+                if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                    continue
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fileno=os.dup(fd))
+                sock.setblocking(False)
+                try:
+                    for received in socket.recv_fds(sock, 4096, 4)[1]:
+                        os.write(received, b"R\\n")
+                except OSError:
+                    pass
+                sock.close()
+                os.write(fd, b"C 1\\nX 0\\nR\\n")
+            except OSError:
+                pass
+        time.sleep(0.005)
+threading.Thread(target=forge, daemon=True).start()
+planted = True
+"""
+
+
+def test_a_thread_cannot_write_the_heads_reports(env):
+    """A thread writes every report a head sends, and answers any hand-over it can catch: the cell is an `error`
+    (it left a thread), its state rolled back, and the next cell, which fails, is reported as failing."""
+
+    async def main():
+        sandbox = env["sandbox"]
+        await sandbox.run("kept = 1", session="thread-forger", timeout=10)
+        forger = await sandbox.run(THREAD_FORGER, session="thread-forger", timeout=10)
+        failing = await sandbox.run("kept = 2\n1 / 0", session="thread-forger", timeout=10)
+        after = await sandbox.run("print(kept, 'planted' in dir())", session="thread-forger", timeout=10)
+        await sandbox.close_session("thread-forger")
+        return forger, failing, after
+
+    forger, failing, after = asyncio.run(main())
+    assert forger.status == "error" and "thread(s) running" in forger.note, forger
+    assert failing.status == "error" and "ZeroDivisionError" in failing.stderr, failing
+    assert (after.status, after.stdout) == ("ok", "1 False\n"), after
+
+
+STATUS_FLOOD = """
+import os, time
+targets = [fd for fd in range(3, 256) if _is_channel(fd)]
+for _ in range(4):  # writers that outlive the cell's code: only the end of the call stops them
+    if os.fork() == 0:
+        while True:
+            for fd in targets:
+                for message in (b"X 9\\n", b"", b"R\\n"):
+                    try: os.write(fd, message)
+                    except OSError: pass
+time.sleep(1.0)
+kept = 7
+print('fine')
+"""
+CHANNEL_TEST = """
+import os, stat
+def _is_channel(fd):
+    try: return stat.S_ISSOCK(os.fstat(fd).st_mode) or stat.S_ISFIFO(os.fstat(fd).st_mode)
+    except OSError: return False
+"""
+
+
+def test_a_flood_on_every_channel_cannot_fail_a_fine_cell(env):
+    """Four processes a cell leaves write forged reports and empty messages (which read like a closed socket) as
+    fast as they can on everything they hold: the cell, which runs fine, is `ok` and its state kept."""
+
+    async def main():
+        sandbox = env["sandbox"]
+        await sandbox.run(CHANNEL_TEST, session="flood", timeout=10)
+        flooded = await sandbox.run(STATUS_FLOOD, session="flood", timeout=10)
+        after = await sandbox.run("print(kept)", session="flood", timeout=10)
+        await sandbox.close_session("flood")
+        return flooded, after
+
+    flooded, after = asyncio.run(main())
+    assert (flooded.status, flooded.stdout) == ("ok", "fine\n"), flooded
+    assert (after.status, after.stdout) == ("ok", "7\n"), after
+
+
+@pytest.mark.parametrize("stop", ["SIGSTOP", "SIGTSTP"])
+def test_a_cell_that_stops_its_own_group_is_not_done(env, stop):
+    """A stop is no hand-over: the cell runs into its time limit (it stopped itself), its state is rolled back,
+    and the next call runs its own code."""
+    code = f"kept = 2\nprint('stopping', flush=True)\nimport os, signal\nos.kill(0, signal.{stop})\nprint('resumed')"
+
+    async def main():
+        sandbox = env["sandbox"]
+        await sandbox.run("kept = 1", session=f"stop-{stop}", timeout=10)
+        start = time.perf_counter()
+        stopped = await sandbox.run(code, session=f"stop-{stop}", timeout=2)
+        elapsed = time.perf_counter() - start
+        after = await sandbox.run("print('next', kept)", session=f"stop-{stop}", timeout=10)
+        await sandbox.close_session(f"stop-{stop}")
+        return stopped, elapsed, after
+
+    stopped, elapsed, after = asyncio.run(main())
+    assert (stopped.status, stopped.stdout) == ("timeout", "stopping\n"), stopped
+    assert elapsed >= 2.0, elapsed
+    assert (after.status, after.stdout) == ("ok", "next 1\n"), after

@@ -151,6 +151,7 @@ def _next_frame(command: socket.socket, op: str) -> tuple[Any, list[int]]:
     """The next frame on the code socket whose op is `op`, with its descriptors; the others are stale (a hand-over
     that never completed left its `hello` there). Exits once the server is gone."""
     while True:
+        os.set_blocking(command.fileno(), True)  # a cell shares its file description, and may have changed that
         frame, fds = read_frame_with_fds(command)
         if frame is None:
             os._exit(0)

@@ -178,11 +178,11 @@ class Session:
 
 def _thread_count(pid: int) -> int:
     """The threads a process runs now, as the kernel counts them (nothing in the process can change what it says);
-    0 once it is gone."""
+    0 once it is exiting or gone (a zombie counts one)."""
     with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("Threads:"):
-                return int(line.split()[1])
+        fields = dict(line.split(":", 1) for line in f if ":" in line)
+        if fields["State"].split()[0] not in ("Z", "X"):
+            return int(fields["Threads"])
     return 0
 
 
