@@ -61,7 +61,7 @@ class Child:
     buffer: cell.OutputBuffer
     exited: asyncio.Future[tuple[int, float, bool]]  # (wait status, CPU seconds, killed for memory)
     sid: int  # the session it leads: kept when a cell takes over as head
-    status_fd: int = -1  # session heads report each cell on it
+    status_fd: int = -1  # a session's: each of its cells says `S` on it (StartChannel)
     group: CallGroup | None = None  # its cgroup (a session's cells share it): what it holds in memory
     report: bytes = b""  # what a single-use child said on its code socket: `run\n`, then `done <exit code>\n`
     report_closed: bool = False
@@ -636,15 +636,16 @@ class Server:
         """The head forks a cell for the code and reports on its own channel: `C <cell pid>`, then `X <wait status>`
         once the cell ends; the cell says `S` just before its code starts.
 
-        Why the head's word can be trusted, and how a cell becomes the head. With the request the server sends a
-        fresh report channel on the code socket (`_hello`); a cell that succeeded reads it, back in the head's loop,
-        and answers `R` on it. The server makes the cell the new head on that answer from the cell's pid (the
-        kernel names the writer) once the kernel counts one thread in it, and ends the old head, which held the
-        state from before the cell. A stop proves nothing (a cell that stops its own group just runs into its time
-        limit); a cell cannot become the head with a thread left running (the call is an `error`, the state as
-        before it); so every later report comes from a head's one thread, on a channel none of its cells holds
-        (each closes its copy before its code runs), out of reach of any flood. What code does to its own
-        interpreter (rewriting the loop's functions) it does to its own later cells.
+        Why the head's word can be trusted. The server believes what the kernel says about a process, never a
+        secret in its memory (its code can read all of it). With the request it sends a fresh report channel on the
+        code socket (`_hello`); a cell that succeeded clears its signal handlers, reads the channel back in the
+        head's loop and answers `R` on it. The server takes the cell as the new head on that answer from the cell's
+        pid (the kernel names each writer) once the kernel counts one thread in it, and then ends the old head,
+        which held the state from before the cell. So a stop proves nothing (a cell that stops its own group runs
+        into its time limit); a cell cannot become the head with a thread left running (an `error`, the state as
+        before it); and every report comes from a head's one thread, on a channel none of its cells holds (each
+        closes its copy before its code runs), out of reach of any flood. What code does to its own interpreter
+        (rewriting the loop's functions) it does to its own later cells.
         """
         head = session.head
         head.buffer.reset()
