@@ -91,8 +91,9 @@ MAPPING = SummaryMapping(Success="ok", Failed="failed", RunFailed="runtime error
         ("print('partial')\nraise ValueError('bad')", 5, "runtime error", "partial\n"),
         ("import sys; sys.exit(3)", 5, "runtime error", ""),
         ("print('partial', flush=True)\nwhile True: pass", 1, "timeout", "partial\n"),
+        ("print('bye', flush=True)\nimport os\nos.kill(os.getpid(), 40)", 5, "runtime error", "bye\n"),
     ],
-    ids=["print", "main-returns-0", "trailing-expression", "exception", "exit-3", "timeout"],
+    ids=["print", "main-returns-0", "trailing-expression", "exception", "exit-3", "timeout", "own-realtime-signal"],
 )
 def test_official_client_run_code(server, code, run_timeout, summary, stdout):
     request = RunCodeRequest(code=code, language="python", run_timeout=run_timeout)
