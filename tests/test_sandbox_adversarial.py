@@ -574,6 +574,38 @@ def test_a_thread_cannot_write_the_heads_reports(env):
     assert (after.status, after.stdout) == ("ok", "1 False\n"), after
 
 
+HANDLER_FORGER = """
+import os, signal, stat
+def forge(*_):  # what a head reports, on every socket, from inside whatever the process is doing
+    for fd in range(3, 256):
+        try:
+            if stat.S_ISSOCK(os.fstat(fd).st_mode): os.write(fd, b"C 1\\nX 0\\nR\\n")
+        except OSError: pass
+for sig in (signal.SIGCONT, signal.SIGALRM, signal.SIGCHLD):  # the server resumes a head with SIGCONT each call
+    signal.signal(sig, forge)
+signal.setitimer(signal.ITIMER_REAL, 0.01, 0.01)
+planted = True
+"""
+
+
+def test_a_signal_handler_cannot_write_the_heads_reports(env):
+    """A cell installs handlers (for the signal that resumes a head, a timer's, a child's exit) that write every
+    report a head sends: the cell becomes the head without them, and its next cell, which fails, fails."""
+
+    async def main():
+        sandbox = env["sandbox"]
+        planted = await sandbox.run(HANDLER_FORGER, session="handler-forger", timeout=10)
+        failing = await sandbox.run("import os\nos.fork() or os._exit(0)\n1 / 0", session="handler-forger", timeout=10)
+        after = await sandbox.run("print(planted)", session="handler-forger", timeout=10)
+        await sandbox.close_session("handler-forger")
+        return planted, failing, after
+
+    planted, failing, after = asyncio.run(main())
+    assert planted.status == "ok", planted
+    assert failing.status == "error" and "ZeroDivisionError" in failing.stderr, failing
+    assert (after.status, after.stdout) == ("ok", "True\n"), after
+
+
 STATUS_FLOOD = """
 import os, time
 targets = [fd for fd in range(3, 256) if _is_channel(fd)]

@@ -182,8 +182,10 @@ _IGNORED = (signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ)
 
 
 def _clear_handlers() -> None:
-    """Before a cell becomes the head: no handler or trace function it installed may run inside the head's loop
-    (its threads are the server's to count). SIGHUP stays ignored (see `session_head_main`)."""
+    """Before a cell becomes the head: no handler, timer or trace function it installed may run inside the head's
+    loop (its threads are the server's to count). SIGHUP stays ignored (see `session_head_main`)."""
+    for timer in (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF):
+        signal.setitimer(timer, 0)
     for sig in signal.valid_signals():
         with contextlib.suppress(OSError, ValueError, RuntimeError):  # SIGKILL, SIGSTOP, glibc's own
             signal.signal(sig, signal.SIG_IGN if sig in _IGNORED else signal.SIG_DFL)
