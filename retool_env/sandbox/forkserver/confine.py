@@ -278,6 +278,25 @@ def _live(pids: list[int]) -> list[int]:
     return alive
 
 
+def wait_stopped(pid: int, wait: float = 1.0) -> bool:
+    """Wait until every thread of `pid` is stopped (or gone): a SIGSTOP takes effect as each thread next leaves the
+    kernel, and until then it may still fork. False if one still runs after `wait` seconds."""
+    deadline = time.monotonic() + wait
+    while True:
+        states = []
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+        except (OSError, IndexError):
+            return True  # gone
+        if all(state in ("T", "t", "Z", "X") for state in states):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.0005)
+
+
 def sweep(sid: int, group: CallGroup | None = None, keep: int | None = None, wait: float = 2.0) -> int:
     """Kill everything of a call but `keep`: its session and its cgroup (which a setsid() does not leave), pass
     after pass until a pass finds nothing alive. One pass is not enough: a process forked while it ran is missed,

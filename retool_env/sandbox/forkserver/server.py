@@ -455,6 +455,7 @@ class Server:
         sessions are closed until what they hold fits the memory budget (`_fit_memory_budget`)."""
         with contextlib.suppress(OSError):
             os.kill(session.head.pid, signal.SIGSTOP)
+        confine.wait_stopped(session.head.pid)
         confine.sweep(session.head.sid, session.head.group, keep=session.head.pid)
         session.memory = self._memory_of(session.head)
         self._fit_memory_budget(grew=session)
