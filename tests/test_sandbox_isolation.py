@@ -519,3 +519,147 @@ def test_a_python_under_a_private_directory_still_gets_a_uid_per_call(sandbox):
     result = sandbox.run_sync("import os, fractions, sqlite3\nprint(os.getuid(), fractions.__file__)")
     uid, path = result.stdout.split()
     assert int(uid) >= uids.FIRST_UID and path.startswith(os.path.dirname(os.__file__)), result
+
+
+# -- no channel between calls, no session affects another ----------------------------------------------------------
+
+SPEAKER = """\
+import ctypes, time
+tag = {tag!r}
+ctypes.CDLL(None).prctl(15, tag.encode(), 0, 0, 0)  # PR_SET_NAME: /proc/<pid>/comm
+try:
+    open('/proc/self/comm', 'w').write(tag)
+except OSError:  # not dumpable: its /proc entries are root's
+    pass
+time.sleep({hold})
+print('spoke')
+"""
+
+LISTENER = """\
+import glob, os, time
+tag, me, heard, pids = {tag!r}, os.getpid(), [], set()
+deadline = time.time() + {hold}
+while time.time() < deadline:
+    for entry in filter(str.isdigit, os.listdir('/proc')):
+        pids.add(int(entry))
+        for name in ('comm', 'cmdline', 'statm', 'status'):
+            try:
+                text = open(f'/proc/{{entry}}/{{name}}', 'rb').read()
+            except OSError:
+                continue
+            if tag.encode() in text:
+                heard.append(name)
+    time.sleep(0.05)
+groups = [p for p in glob.glob('/sys/fs/cgroup/**/memory.*', recursive=True)]
+print('pids', sorted(pids - {{me}}), 'heard', sorted(set(heard)), 'groups', groups[:3])
+"""
+
+
+def test_concurrent_calls_see_neither_each_other_nor_their_cgroup_files(sandbox):
+    """A call names itself (PR_SET_NAME); another, at the same time, reads every /proc entry and looks for slot
+    cgroup files: it finds no process but its own, no name and no memory figure of another call."""
+    tag = f"t{secrets.token_hex(6)}"[:15]
+    speaker = sandbox.run(SPEAKER.format(tag=tag, hold=2.5), timeout=6)
+    seen_on_host: list[str] = []
+
+    async def main():
+        spoke = asyncio.ensure_future(speaker)
+        await asyncio.sleep(0.8)
+        for pid in tree(sandbox.server_pid):  # the control: the name really is there, read from the host
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/comm") as f:
+                seen_on_host.append(f.read().strip())
+        listeners = await asyncio.gather(
+            sandbox.run(LISTENER.format(tag=tag, hold=1.0), timeout=6),
+            sandbox.run(LISTENER.format(tag=tag, hold=1.0), timeout=6, session="listener"),
+        )
+        return await spoke, listeners
+
+    spoke, listeners = asyncio.run(main())
+    assert spoke.stdout == "spoke\n", spoke
+    assert tag in seen_on_host, seen_on_host
+    for listener in listeners:
+        assert listener.stdout == "pids [] heard [] groups []\n", listener
+    asyncio.run(sandbox.close_session("listener"))
+
+
+CHAIN = """\
+import ctypes, os, time
+def link():
+    while True:  # each generation leaves its group and forks as it exits: a pass over /proc finds the next late
+        if os.fork():
+            os._exit(0)
+        os.setpgid(0, 0)
+        prctl(15, b'chainlink', 0, 0, 0)  # PR_SET_NAME: how the host tells them apart
+prctl = ctypes.CDLL(None).prctl
+for _ in range(12):
+    if os.fork() == 0:
+        link()
+time.sleep(0.2)
+print('returned')
+"""
+
+
+def test_a_chain_that_forks_as_it_exits_does_not_outlive_its_call(sandbox):
+    """Processes that change group and fork as they exit, generation after generation: when the call returns,
+    nothing of them runs (seen from the host, a second later, three times over)."""
+    server = sandbox.server_pid
+    for attempt in range(3):
+        result = sandbox.run_sync(CHAIN, session="chain", timeout=4)
+        assert result.stdout.startswith("returned"), result
+        time.sleep(1.0)
+        alive = []
+        for pid, state in tree(server).items():
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() == "chainlink" and state != "Z":
+                    alive.append((pid, state))
+        assert alive == [], (attempt, alive)
+    asyncio.run(sandbox.close_session("chain"))
+
+
+def test_a_session_over_its_share_is_the_one_closed_and_is_told():
+    """A sibling holds its state while an attacker's session holds more than the whole budget: the attacker's
+    session is the one closed, and its next call says so in its output (not a bare NameError)."""
+    hold = "block = b'x' * ({mb} << 20)\nlen(block)"
+
+    async def main():
+        with LocalSandbox(timeout=20, memory_mb=512, session_memory_mb=300, max_sessions=4) as sb:
+            assert (await sb.run("secret = 41", session="victim")).ok
+            assert (await sb.run(hold.format(mb=80), session="victim")).ok
+            grown = await sb.run(hold.format(mb=400), session="attacker")
+            info = await sb.info()
+            victim = await sb.run("secret + 1 + 0 * len(block)", session="victim")
+            attacker = await sb.run("len(block)", session="attacker")
+            again = await sb.run("print('fresh')", session="attacker")
+            return grown, info, victim, attacker, again
+
+    grown, info, victim, attacker, again = asyncio.run(main())
+    assert grown.ok, grown
+    assert info["sessions_evicted"] == 1 and info["session_memory_mb"] <= 300, info
+    assert (victim.status, victim.stdout) == ("ok", "42\n"), victim
+    assert attacker.status == "error" and "memory budget" in attacker.output, attacker
+    assert (again.stdout, again.note) == ("fresh\n", ""), again
+
+
+def test_the_sweep_kills_a_chain_that_one_pass_misses():
+    """The mechanism, on the host where forks are fast: processes in one session that fork as they exit. One pass
+    over /proc often leaves some of them running; `confine.sweep` leaves none."""
+    from retool_env.sandbox.forkserver import confine
+
+    leader = os.fork()
+    if leader == 0:
+        os.setsid()
+        for _ in range(8):
+            if os.fork() == 0:
+                while True:
+                    if os.fork():
+                        os._exit(0)
+        while True:
+            time.sleep(1)
+    try:
+        time.sleep(0.5)
+        assert confine.sweep(leader) == 0
+        time.sleep(0.3)
+        assert confine._live(confine.processes_of_session(leader)) == []
+    finally:
+        confine.sweep(leader)
+        os.waitpid(leader, 0)

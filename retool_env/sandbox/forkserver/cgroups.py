@@ -189,8 +189,13 @@ class CallGroup:
             return []
 
     def kill(self) -> int:
-        """SIGKILL every process in the group, wherever it moved in the process tree; returns how many."""
+        """SIGKILL every process in the group, wherever it moved in the process tree; returns how many. On cgroup v2
+        (Linux 5.14+) the kernel kills them all at once (`cgroup.kill`), forks in flight included."""
         victims = self.pids()
+        if self.version == 2 and victims:
+            with contextlib.suppress(OSError):
+                _write(f"{self.dirs[0]}/cgroup.kill", "1")
+                return len(victims)
         for pid in victims:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)

@@ -5,6 +5,9 @@
 3. an unprivileged uid of its own (when the server is root), never the server's;
 4. a user namespace and a mount namespace of its own: every inherited mount is locked (a later umount or remount
    cannot reveal or unlock it), and fresh, size-bounded tmpfs mounts at /tmp and /dev/shm, gone with the call;
+   the view's second /proc (hidepid=invisible: a process that is not dumpable, as every child is, is seen only by
+   itself) over /proc, and an empty tmpfs over the server's cgroup directories, so no call sees another's
+   processes, names, memory or cgroup files;
 5. rlimits, a scrubbed environment (set once by the zygote), every capability dropped (effective, permitted,
    inheritable, ambient, bounding), not dumpable (no ptrace, no /proc/<pid>/mem), no_new_privs and the seccomp
    allowlist.
@@ -22,13 +25,14 @@ import functools
 import os
 import resource
 import signal
+import time
 from dataclasses import dataclass
 
 from . import seccomp
 from .cgroups import CallGroup
 
 _CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWUSER = 0x00020000, 0x08000000, 0x10000000
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC = 0x1, 0x2, 0x4, 0x20, 0x1000, 0x4000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_BIND, _MS_REC = 0x1, 0x2, 0x4, 0x8, 0x20, 0x1000, 0x4000
 _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT = 1, 4, 24, 38, 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
@@ -123,6 +127,17 @@ def _mount_tmpfs(path: str, size_mb: int) -> None:
     _check(libc().mount(b"tmpfs", path.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, opts), f"mount {path}")
 
 
+def _hide(path: str) -> None:
+    """Cover `path` with an empty, read-only tmpfs."""
+    flags = _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+    _check(libc().mount(b"tmpfs", path.encode(), b"tmpfs", flags, b"size=4k,mode=0555"), f"hide {path}")
+
+
+def _bind_proc(source: str) -> None:
+    """Put the view's hidepid /proc (and what is bound read-only below it) over /proc."""
+    _check(libc().mount(source.encode(), b"/proc", None, _MS_BIND | _MS_REC, None), "bind /proc")
+
+
 def _bind_read_only(source: str, path: str) -> None:
     os.makedirs(path, exist_ok=True)
     lib = libc()
@@ -167,7 +182,7 @@ _SIGXFSZ, _SIG_DFL, _SIG_IGN = int(signal.SIGXFSZ), int(signal.SIG_DFL), int(sig
 
 
 def prepare(*, parent: int, keep: tuple[int, ...], layers: Layers, limits: Limits, masks: list[str],
-            rebinds: list[tuple[str, str]], session: bool) -> None:
+            rebinds: list[tuple[str, str]], session: bool, private_proc: str = "", hidden: tuple[str, ...] = ()) -> None:
     """Confine the calling (freshly forked, single-threaded) process. Raises OSError if a layer cannot be applied:
     the caller exits, and the server reports a sandbox error instead of running code with less isolation."""
     lib = libc()
@@ -203,6 +218,10 @@ def prepare(*, parent: int, keep: tuple[int, ...], layers: Layers, limits: Limit
             _mount_tmpfs("/dev/shm", limits.shm_mb)
         for source, path in rebinds:  # the Python install or this package, if they live under /tmp
             _bind_read_only(source, path)
+        if private_proc:
+            _bind_proc(private_proc)
+        for directory in hidden:  # after joining its own group (above): the slot groups of every other call
+            _hide(directory)
         _drop_bounding_and_ambient()  # with the namespace's own CAP_SETPCAP
     if layers.userns:
         os.chdir("/tmp")
@@ -249,6 +268,52 @@ def kill_session(sid: int, keep: int | None = None) -> int:
     return len(victims)
 
 
+def _live(pids: list[int]) -> list[int]:
+    """Those of `pids` not yet dead (a zombie holds no memory and runs nothing)."""
+    alive = []
+    for pid in pids:
+        with contextlib.suppress(OSError, IndexError), open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+                alive.append(pid)
+    return alive
+
+
+def wait_stopped(pid: int, wait: float = 1.0) -> bool:
+    """Wait until every thread of `pid` is stopped (or gone): a SIGSTOP takes effect as each thread next leaves the
+    kernel, and until then it may still fork. False if one still runs after `wait` seconds."""
+    deadline = time.monotonic() + wait
+    while True:
+        states = []
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+        except (OSError, IndexError):
+            return True  # gone
+        if all(state in ("T", "t", "Z", "X") for state in states):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.0005)
+
+
+def sweep(sid: int, group: CallGroup | None = None, keep: int | None = None, wait: float = 2.0) -> int:
+    """Kill everything of a call but `keep`: its session and its cgroup (which a setsid() does not leave), pass
+    after pass until a pass finds nothing alive. One pass is not enough: a process forked while it ran is missed,
+    but its parent is killed, and a killed process forks no more, so the next pass finds the last. Returns how
+    many are still alive after `wait` seconds (0 unless one would not die)."""
+    deadline = time.monotonic() + wait
+    while True:
+        found = set(processes_of_session(sid)) | set(group.pids() if group is not None else ())
+        alive = _live(sorted(found - {keep}))
+        for pid in alive:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        if not alive or time.monotonic() > deadline:
+            return len(alive)
+        time.sleep(0.001)  # killed processes take a moment to exit
+
+
 def status() -> dict[str, object]:
     """What this process really has, read from /proc: for `retool-env doctor` and `require="strict"`."""
     fields: dict[str, object] = {}
@@ -265,4 +330,6 @@ def status() -> dict[str, object]:
     with contextlib.suppress(OSError), open("/proc/self/cgroup") as f:
         fields["cgroup"] = f.read().strip()
     fields["dumpable"] = libc().prctl(3, 0, 0, 0, 0)
+    with contextlib.suppress(OSError):  # the server (pid 1) holds no call's data; any other pid is another process
+        fields["visible_processes"] = len([e for e in os.listdir("/proc") if e.isdigit() and int(e) not in (1, os.getpid())])
     return fields

@@ -9,8 +9,11 @@ of the new pid namespace, and builds an allowlist root on a tmpfs with bind moun
   the checkout around it), the system libraries (`/usr/lib*`, `/lib*`), `/etc/ld.so.cache` and `extra_paths`;
 - a minimal `/etc` (passwd, group, hosts, nsswitch.conf written for the view), a `/dev` of null, zero, full,
   random, urandom and tty, the new pid namespace's own `/proc` (with `/proc/sys` read-only), and tmpfs mounts at
-  `/tmp` and `/dev/shm` that each child covers again with its own;
-- the server's cgroup parents, writable (it makes one group per slot in them), and nothing else of the host.
+  `/tmp` and `/dev/shm` that each child covers again with its own; a second `/proc` at `PRIVATE_PROC` mounted
+  `hidepid=invisible` (a child, which is not dumpable, sees only itself there), which each child binds over its
+  `/proc`;
+- the server's cgroup parents, writable (it makes one group per slot in them; each child covers them), and
+  nothing else of the host.
 
 Every directory the view creates is 0755, so a child that switched to its own uid can reach a Python install that
 lives under a 0700 directory (pyenv or conda under `/root`). As root the server then keeps only the capabilities it
@@ -36,6 +39,7 @@ from . import confine, seccomp
 MODES = ("auto", "namespaces", "none")
 _LEGACY_MODES = {"bwrap": "namespaces", "unshare": "namespaces"}  # the wrappers this module replaced
 REBIND_DIR = "/run/retool-host"  # inside the view: second views of Python paths under /tmp, for children
+PRIVATE_PROC = "/run/retool-proc"  # inside the view: the /proc children see (hidepid=invisible)
 _SYSTEM_LIBRARIES = ("/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/libx32", "/lib", "/lib64", "/lib32", "/libx32")
 _SYSTEM_FILES = ("/etc/ld.so.cache", "/usr/share/zoneinfo")
 _DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
@@ -228,6 +232,37 @@ def _pivot_root(new_root: str, put_old: str) -> None:
     _check(_libc().syscall(number, new_root.encode(), put_old.encode()), "pivot_root")
 
 
+def _private_proc() -> None:
+    """Mount the /proc children see: `hidepid=invisible` hides every process the reader may not ptrace, and no
+    child may ptrace another (none is dumpable). Kernels before 5.8 share one set of proc options per pid
+    namespace, which would hide the children from the server too: there it is left out (the layer then reports
+    it missing)."""
+    os.makedirs(PRIVATE_PROC, mode=0o755, exist_ok=True)
+    _mount("proc", PRIVATE_PROC, "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "hidepid=invisible")
+    if "hidepid" in _proc_options("/proc"):  # one superblock: put the server's options back
+        _check(_libc().umount2(PRIVATE_PROC.encode(), _MNT_DETACH), f"umount {PRIVATE_PROC}")
+        _mount(None, "/proc", None, _MS_REMOUNT | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "hidepid=0")
+        return
+    for name in _PROC_READ_ONLY:
+        if os.path.exists(f"{PRIVATE_PROC}/{name}"):
+            _bind(f"/proc/{name}", f"{PRIVATE_PROC}/{name}")
+
+
+def _proc_options(target: str) -> str:
+    """The superblock options of the proc mounted at `target` (mountinfo's last field)."""
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            if fields[4] == target and " - proc " in line:
+                return fields[-1]
+    return ""
+
+
+def private_proc_mounted() -> bool:
+    """Whether the view holds the hidepid /proc for children."""
+    return "hidepid" in _proc_options(PRIVATE_PROC)
+
+
 def build_view(read_only: list[str], writable: list[str], *, tmp_mb: int, shm_mb: int) -> list[tuple[str, str]]:
     """Replace this mount namespace's root with the allowlist view (the caller has unshared it). Returns what each
     child binds back over its own /tmp: (a second view of a path under /tmp, the path)."""
@@ -262,6 +297,7 @@ def build_view(read_only: list[str], writable: list[str], *, tmp_mb: int, shm_mb
     for name in _PROC_READ_ONLY:
         if os.path.exists(f"/proc/{name}"):
             _bind(f"/proc/{name}", f"/proc/{name}")
+    _private_proc()
     os.makedirs("/etc", mode=0o755, exist_ok=True)
     for name, text in _ETC.items():
         if not os.path.lexists(f"/etc/{name}"):
@@ -367,6 +403,9 @@ def enter(config: dict[str, Any]) -> dict[str, Any]:
             _libc().prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     config["masks"] = child_masks(report["wrapper"])
     config["rebinds"] = rebinds
+    if report["wrapper"] == "namespaces":
+        config["private_proc"] = PRIVATE_PROC if private_proc_mounted() else ""
+        config["hidden"] = list(spec["cgroup_dirs"])
     print("view " + json.dumps(report), flush=True)
     return config
 
@@ -407,6 +446,10 @@ def layers(wrapper: str, measured: dict, *, root: bool) -> list[Layer]:
               missing.get("seccomp", seccomp.supported() or "allowlist filter (default deny) in every child")),
         Layer("cgroup", "cgroup" not in missing and bool(measured.get("cgroup")),
               missing.get("cgroup", measured.get("cgroup_detail", "no cgroup delegated"))),
+        Layer("private /proc", child.get("visible_processes") == 0,
+              "a child sees only its own processes in /proc (hidepid), and no cgroup files of other calls"
+              if child.get("visible_processes") == 0 else f"a child sees {child.get('visible_processes', '?')} other "
+              "processes in /proc: needs the view, on Linux 5.8+ (per-mount proc options)"),
         Layer("not dumpable", child.get("dumpable") == 0, "no ptrace, no /proc/<pid>/mem between calls"),
         Layer("rlimits", True, "address space, CPU time, file size, open files, core dumps, processes"),
     ]

@@ -45,6 +45,9 @@ ATTACKS: dict[str, str] = {
     "other calls' files": "left = (set(os.listdir('/tmp')) - set({in_tmp!r})) | set(os.listdir('/dev/shm'))\n"
                           "if left: print('ESCAPED', sorted(left)[:5])\n"
                           "open('/tmp/mark', 'w').write('x'); open('/dev/shm/mark', 'w').write('x')",
+    "other calls' processes": "import glob\nseen = [e for e in os.listdir('/proc') if e.isdigit() and int(e) not in (1, os.getpid())]\n"
+                              "groups = glob.glob('/sys/fs/cgroup/**/cgroup.procs', recursive=True)\n"
+                              "if seen or groups: print('ESCAPED', len(seen), 'processes,', len(groups), 'cgroups')",
     "other calls' output": "maps = [l for l in open('/proc/self/maps') if 'retool-output' in l]\n"
                            "if len(maps) > 1: print('ESCAPED', len(maps), 'output buffers mapped')",
 }  # fmt: skip

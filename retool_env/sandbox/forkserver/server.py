@@ -186,6 +186,9 @@ def _thread_count(pid: int) -> int:
     return 0
 
 
+_RESET_NOTICES = 1024  # sessions closed by the server whose next call has not come yet, remembered at most
+
+
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
@@ -244,6 +247,7 @@ class Server:
         self.memory_budget = (config.session_memory_mb or _available_mb() // 2) << 20
         self.zygote_anon = _anonymous_bytes(full.pid)
         self.evicted = 0  # sessions closed to fit the memory budget
+        self.reset_notices: OrderedDict[str, str] = OrderedDict()  # what a closed session's next call is told
 
     # -- the zygote ----------------------------------------------------------------------------------------------
 
@@ -494,7 +498,10 @@ class Server:
     async def _open_session(self, name: str, wait: float) -> Session:
         while len(self.sessions) >= self.config.max_sessions:  # close the least recently used, idle if possible
             idle = [key for key, s in self.sessions.items() if not s.lock.locked()]
-            self._close(self.sessions.pop(idle[0] if idle else next(iter(self.sessions))))
+            closed = idle[0] if idle else next(iter(self.sessions))
+            self._close(self.sessions.pop(closed))
+            self._tell(closed, f"at most {self.config.max_sessions} sessions are kept open, and it was the least "
+                               "recently used")
         head = await self._fork(self.full, session=True)
         status = StartChannel(head.status_fd)
         head.status_fd = -1  # owned by the channel now
@@ -550,17 +557,19 @@ class Server:
     def _close(self, session: Session) -> None:
         session.status.close()
         session.reports.close()
-        confine.kill_session(session.head.sid)
+        confine.sweep(session.head.sid, session.head.group, wait=0)  # one pass: the zygote kills what is left
         self._discard(session.head)
 
     def _pause(self, session: Session) -> None:
-        """Between calls nothing of a session runs: its strays are killed and its head stopped. Then idle sessions,
-        the least recently used first, are closed until what they hold fits the memory budget."""
-        confine.kill_session(session.head.sid, keep=session.head.pid)
+        """Between calls nothing of a session runs: its head is stopped and everything else it started killed, in
+        its session and its cgroup, until none is left (`confine.sweep`). Then what it holds is measured, and
+        sessions are closed until what they hold fits the memory budget (`_fit_memory_budget`)."""
         with contextlib.suppress(OSError):
             os.kill(session.head.pid, signal.SIGSTOP)
+        confine.wait_stopped(session.head.pid)
+        confine.sweep(session.head.sid, session.head.group, keep=session.head.pid)
         session.memory = self._memory_of(session.head)
-        self._fit_memory_budget(keep=session)
+        self._fit_memory_budget(grew=session)
 
     def _memory_of(self, head: Child) -> int:
         """Bytes a stopped session holds: its cgroup's charge (its /tmp included), else its head's private pages
@@ -571,17 +580,42 @@ class Server:
                 return charged
         return max(0, _anonymous_bytes(head.pid) - self.zygote_anon)
 
-    def _fit_memory_budget(self, keep: Session | None) -> None:
+    def _fit_memory_budget(self, grew: Session) -> None:
+        """Past the budget, close sessions holding more than an equal share of it until the rest fit: `grew` (the
+        one just measured) first, then the largest. A session within its share is never closed for what its siblings
+        hold, and a closed session's next call is told why (`_tell`)."""
         total = sum(s.memory for s in self.sessions.values())
-        for name, session in list(self.sessions.items()):  # least recently used first
+        if total <= self.memory_budget:
+            return
+        share = self.memory_budget // len(self.sessions)
+        over = [(name, s) for name, s in self.sessions.items() if s.memory > share and (s is grew or not s.lock.locked())]
+        for name, session in sorted(over, key=lambda item: (item[1] is grew, item[1].memory), reverse=True):
             if total <= self.memory_budget:
                 return
-            if session is keep or session.lock.locked():
-                continue
             total -= session.memory
             del self.sessions[name]
-            self._close(session)
+            if session is grew:  # once its call has answered (it holds the head's output)
+                asyncio.get_running_loop().call_soon(self._close, session)
+            else:
+                self._close(session)
             self.evicted += 1
+            self._tell(name, f"it held {session.memory >> 20} MB, more than its {share >> 20} MB share of the "
+                             f"{self.memory_budget >> 20} MB memory budget of idle sessions")
+
+    def _tell(self, name: str, why: str) -> None:
+        """Remember why the server closed session `name`, for its next call's note."""
+        self.reset_notices[name] = (f"SessionReset: this session was closed after its last call ({why}); its "
+                                    "variables and imports are gone, so define what you need again")
+        while len(self.reset_notices) > _RESET_NOTICES:
+            self.reset_notices.popitem(last=False)
+
+    async def run_session_told(self, name: str, request: dict[str, Any]) -> dict[str, Any]:
+        """`run_session`, its note saying first whether the server closed this session since its last call."""
+        notice = "" if name in self.sessions or name in self.opening else self.reset_notices.pop(name, "")
+        result = await self.run_session(name, request)
+        if notice:
+            result["note"] = "\n".join(filter(None, (notice, result.get("note"))))
+        return result
 
     async def _session(self, name: str, wait: float) -> Session:
         """The named session, opened once even when several of its calls arrive together."""
@@ -749,6 +783,7 @@ class Server:
         return self._result(session.head, (0, 0.0, False), request, duration, False, True)
 
     async def close_session(self, name: str) -> None:
+        self.reset_notices.pop(name, None)  # closed by its owner: a later session of that name starts fresh
         session = self.sessions.pop(name, None)
         if session is not None:
             async with session.lock:
@@ -783,7 +818,7 @@ class Server:
             op = request.get("op")
             if op == "run":
                 if request.get("session"):
-                    response = await self.run_session(request["session"], request)
+                    response = await self.run_session_told(request["session"], request)
                 else:
                     response = await self.run_stateless(request)
             elif op == "close_session":

@@ -99,6 +99,8 @@ class ZygoteConfig:
     cgroup: dict[str, Any] | None = None  # Delegation fields
     masks: list[str] = field(default_factory=list)  # directories each child covers with its own tmpfs
     rebinds: list[tuple[str, str]] = field(default_factory=list)  # (visible copy, path under a mask) bound back
+    private_proc: str = ""  # the view's hidepid /proc, which each child binds over its /proc
+    hidden: list[str] = field(default_factory=list)  # directories each child covers with an empty tmpfs (cgroups)
     group_prefix: str = ""  # of its cgroups' names: two zygotes of one server make theirs in the same parent
 
 
@@ -161,7 +163,8 @@ class Zygote:
         status = 71
         try:
             confine.prepare(parent=self.pid, keep=tuple(fds), layers=layers, limits=self.limits,
-                            masks=self.config.masks, rebinds=self.config.rebinds, session=session)
+                            masks=self.config.masks, rebinds=self.config.rebinds, session=session,
+                            private_proc=self.config.private_proc, hidden=tuple(self.config.hidden))
             status = 70
             main(fds)
         except BaseException as exc:
