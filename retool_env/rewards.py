@@ -33,7 +33,7 @@ Options (keyword arguments to `get_reward_fn`, accepted by every built-in scheme
   the verl recipe's rewards exactly for comparison runs.
 - `tool_success_reward` (default 0, off): a step reward added once per tool call that ran cleanly, on every outcome,
   as THOR's step-level reward for successful code and GEM's `ToolEnvWrapper(tool_success_reward=...)`. Counted as
-  `successful_calls` (executed calls less failed or invalid ones), at most `max_rewarded_calls` of them (None: no
+  `successful_calls` (calls that ran and ended `ok`), at most `max_rewarded_calls` of them (None: no
   cap). A policy farms any per-call reward with trivial calls, so keep it small against the outcome gap, cap it, and
   pair it with `sign_safe_rewards` below.
 
@@ -71,6 +71,7 @@ class EpisodeStats:
     num_turns: int = 0  # assistant turns the model generated
     num_tool_rounds: int | None = None  # model turns in which the sandbox ran at least one call; None: not known
     num_tool_errors: int = 0  # calls that did not run cleanly: failed (timeouts included) or invalid
+    num_invalid_calls: int = 0  # of those, calls that never ran (malformed, unknown tool)
     num_tool_timeouts: int = 0
     truncated: bool = False  # the episode hit a token or turn budget before a final answer
     finish_reason: str = ""
@@ -89,14 +90,15 @@ class EpisodeStats:
         """The statistics of an episode known by its tool calls alone (TRL's tool loop keeps no trajectory)."""
         tools = ToolStats.of([call.status for call in calls])
         return cls(num_tool_calls=tools.executed, num_turns=num_turns, num_tool_rounds=num_tool_rounds,
-                   num_tool_errors=tools.failed + tools.invalid, num_tool_timeouts=tools.timeouts,
+                   num_tool_errors=tools.failed + tools.invalid, num_invalid_calls=tools.invalid,
+                   num_tool_timeouts=tools.timeouts,
                    truncated=truncated, finish_reason=finish_reason)
 
     @property
     def successful_calls(self) -> int:
-        """Executed calls that ran cleanly, less any invalid call (the counts keep failed and invalid calls together):
-        what `tool_success_reward` pays for, never more than the calls that really succeeded."""
-        return max(0, self.num_tool_calls - self.num_tool_errors)
+        """Calls that ran and ended `ok`: what `tool_success_reward` pays for. An invalid call never ran, so it is
+        not taken from the executed ones."""
+        return max(0, self.num_tool_calls - (self.num_tool_errors - self.num_invalid_calls))
 
     @property
     def tool_rounds(self) -> int:

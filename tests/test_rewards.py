@@ -140,7 +140,8 @@ def test_tool_success_reward_pays_clean_calls_up_to_its_cap() -> None:
 
     clean, messy = EpisodeStats(num_tool_calls=3), EpisodeStats(num_tool_calls=3, num_tool_errors=2)
     assert clean.successful_calls == 3 and messy.successful_calls == 1
-    assert EpisodeStats(num_tool_calls=1, num_tool_errors=3).successful_calls == 0  # invalid calls count against
+    # one failed call and two invalid ones (never run): the executed call that failed is not paid, nothing is taken
+    assert EpisodeStats(num_tool_calls=1, num_tool_errors=3, num_invalid_calls=2).successful_calls == 0
     for scheme in ("retool", "retool_slime", "paper", "binary"):
         plain, stepped = get_reward_fn(scheme), get_reward_fn(scheme, tool_success_reward=0.1)
         for grade in (RIGHT, WRONG):
@@ -149,6 +150,18 @@ def test_tool_success_reward_pays_clean_calls_up_to_its_cap() -> None:
         capped = get_reward_fn(scheme, tool_success_reward=0.1, max_rewarded_calls=2)
         assert capped(RIGHT, clean) == pytest.approx(plain(RIGHT, clean) + 0.2)
     assert get_reward_fn("retool")(RIGHT, clean) == 1.0  # off by default
+
+
+def test_an_invalid_call_takes_nothing_from_the_clean_calls_step_reward() -> None:
+    from retool_env.trajectory import ToolCallRecord, ToolStatus
+
+    # THOR's step reward pays calls that ran and ended `ok`: three of them, beside one malformed call that never ran.
+    calls = [ToolCallRecord(str(i), str(i), ToolStatus.OK, turn=i) for i in range(3)]
+    calls.append(ToolCallRecord(None, "malformed", ToolStatus.INVALID, turn=3))
+    stats = EpisodeStats.of_calls(calls, num_turns=5, num_tool_rounds=3, truncated=False, finish_reason="answer")
+    assert stats.successful_calls == 3
+    stepped, plain = get_reward_fn("paper", tool_success_reward=0.1), get_reward_fn("paper")
+    assert stepped(RIGHT, stats) == pytest.approx(plain(RIGHT, stats) + 0.3)
 
 
 def _advantages(rewards: list[float]) -> list[float]:
