@@ -29,14 +29,16 @@ __all__ = ["TrainingPlan", "TrajectoryFilters", "group_indices", "has_void_turn"
            "scored_reward"]
 
 
+_MAY_BE_VOID = frozenset({"answer", "length", "max_completion_tokens"})
+
+
 def has_void_turn(traj: Trajectory) -> bool:
     """Whether an episode has a void turn, as SimpleTIR defines it: neither a complete code block nor a final answer.
-    A turn without a tool call ends the episode, so only the last turn can be one: cut off mid-turn by a token budget,
-    or ended without an answer the grader could extract. (A malformed tool call is answered with an error and counts
-    as a tool turn here.)"""
-    if traj.finish_reason in ("length", "max_completion_tokens"):
-        return True
-    return traj.finish_reason == "answer" and traj.pred is None
+    A complete tool call never ends an episode on its own turn except by a budget on its result or its count
+    (`observation_too_long`, `max_tool_calls`, `tool_timeout`: not void), so only a last turn that ended on its own
+    or was cut off can be void, and it is when the grader extracted no answer from it: a turn cut off after it wrote
+    `\\boxed{42}` is an answer. (A malformed tool call is answered with an error and counts as a tool turn.)"""
+    return traj.finish_reason in _MAY_BE_VOID and traj.pred is None
 
 
 def scored_reward(traj: Trajectory) -> float | None:

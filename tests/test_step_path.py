@@ -169,7 +169,7 @@ def test_max_model_len_caps_the_context(tiny_tok):
         assert env.trajectory.context_length <= 900
         if terminated or truncated:
             break
-    assert truncated and info["finish_reason"] == "max_model_len"
+    assert truncated and info["finish_reason"] == "observation_too_long"
     with pytest.raises(ValueError, match="max_model_len"):
         make_env(tiny_tok, max_model_len=prompt.size).reset(options={"index": 0})
 
