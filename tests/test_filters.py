@@ -54,3 +54,21 @@ def test_turns_with_neither_a_code_block_nor_an_answer_are_void(tiny_tok, text, 
     env = play(tiny_tok, text, finish_reason=finish_reason)
     assert env.trajectory.pred is None and has_void_turn(env.trajectory)
     env.close()
+
+
+def test_the_plan_applies_the_sign_safe_guarantee_it_is_given():
+    from retool_env.filters import TrajectoryFilters
+    from retool_env.trajectory import Trajectory
+
+    def episode(reward: float, correct: bool) -> Trajectory:
+        return Trajectory(prompt_ids=[1], completion_ids=[2], env_mask=[1], logprobs=[0.0], reward=reward,
+                          correct=correct, finish_reason="answer", pred="42" if correct else "41")
+
+    group = [episode(1.0, True), episode(-1.4, True), episode(-1.0, False)] + [episode(-2.0, False)] * 5
+    keys = [0] * len(group)
+    mean_only = TrajectoryFilters(sign_safe_shaping=True).plan(group, keys).rewards
+    above_wrong = TrajectoryFilters(sign_safe_shaping="above_wrong").plan(group, keys).rewards
+    assert mean_only[1] is not None and mean_only[1] < -1.0
+    assert above_wrong[1] is not None and above_wrong[1] >= -1.0
+    with pytest.raises(ValueError, match="sign_safe_shaping"):
+        TrajectoryFilters(sign_safe_shaping="above_all")
