@@ -6,8 +6,8 @@ Every sample is one episode of `ToolEnvironment`, played by `retool_env.rollout.
 backend from `retool_adapters.generators`: Hugging Face `generate` (`hf`), an in-process vLLM engine (`vllm`) or an
 OpenAI-compatible completions server taking token-id prompts (`openai`: vLLM or SGLang serving the model).
 
-    # Offline CPU smoke run: a tiny random Qwen2 on procedural problems (retool_env/configs/eval_tiny_cpu.yaml, the
-    # default config, packaged); every flag applies on top of it
+    # Offline CPU smoke run: a tiny random Qwen2 on procedural problems (retool_env/configs/eval_tiny_cpu.yaml,
+    # packaged, read when neither --config, --model nor --protocol is given); every flag applies on top of it
     retool-env eval --limit 2        # or: python training/eval.py --limit 2
 
     # A published protocol (paper, verl, matharena, aster; retool_env/configs/protocols/) on 2026 benchmarks
