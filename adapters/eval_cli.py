@@ -131,7 +131,7 @@ def load_protocol(name: str) -> tuple[str, list[str], dict[str, Any]]:
         raise UsageError(f"--protocol {name}: unknown protocol; choose one of {', '.join(PROTOCOLS)}")
     preset = yaml.safe_load((EVAL_CONFIGS / "protocols" / f"{name}.yaml").read_text(encoding="utf-8"))
     source, notes = preset.pop("source"), preset.pop("notes", [])
-    missing = [field for field in PROTOCOL_FIELDS if field not in preset]
+    missing = [name for name in PROTOCOL_FIELDS if name not in preset]
     if missing:
         raise UsageError(f"protocol {name}: the preset does not state {', '.join(missing)}")
     return source, notes, preset
