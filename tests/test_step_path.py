@@ -110,7 +110,7 @@ def test_an_observation_that_does_not_fit_ends_ungraded(tiny_tok):
     env = make_env(tiny_tok, max_completion_tokens=len(action) + 20, max_observation_tokens=200)
     env.reset(options={"index": 0})
     *_, truncated, info = env.step(action)
-    assert truncated and info["finish_reason"] == "max_completion_tokens"
+    assert truncated and info["finish_reason"] == "observation_too_long"
     assert info["pred"] is None and not info["correct"]
 
 
