@@ -142,8 +142,8 @@ def test_evaluate_with_hf_generator_writes_every_output(tiny_model, tmp_path):
         assert record["num_correct"] == sum(s["correct"] for s in record["samples"])
         for s in record["samples"]:
             assert len(tok.encode(s["response"], add_special_tokens=False)) > 0
-            assert s["completion_tokens"] <= 48 and s["finish_reason"] in ("answer", "length", "max_completion_tokens",
-                                                                                   "observation_too_long")
+            assert s["completion_tokens"] <= 48
+            assert s["finish_reason"] in ("answer", "length", "max_completion_tokens", "observation_too_long")
     mean = sum(r["num_correct"] for r in records) / 6
     saved = json.loads((tmp_path / "metrics.json").read_text())
     assert saved["mean@2"] == pytest.approx(mean) == metrics["mean@2"] and saved["config"] == {"model": "tiny"}
