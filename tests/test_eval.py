@@ -381,9 +381,9 @@ def test_two_arms_same_problems_no_tool_in_the_no_tool_prompt_and_the_difference
 
 
 def test_retool_env_eval_protocol_paper_writes_the_two_arm_report_and_plot(tiny_model, tmp_path):
-    """`retool-env eval --protocol paper --limit 2` on the tiny offline model, on CPU. The protocol's 32 samples of
-    16,384 tokens would take hours here (and pass the tiny model's 4,096 positions): two flags cut them, and the
-    report records both as set on top of the protocol."""
+    """`retool-env eval --protocol paper --dataset arith --limit 2` on the tiny offline model, on CPU. The protocol's
+    32 samples of 16,384 tokens on every problem would take hours here (and pass the tiny model's 4,096 positions):
+    flags cut them, and the report lists each as a difference from the protocol."""
     from retool_env.cli import main
 
     assert main(["eval", "--protocol", "paper", "--dataset", "arith", "--limit", "2", "--model", str(tiny_model),
