@@ -6,8 +6,8 @@ Every sample is one episode of `ToolEnvironment`, played by `retool_env.rollout.
 backend from `retool_adapters.generators`: Hugging Face `generate` (`hf`), an in-process vLLM engine (`vllm`) or an
 OpenAI-compatible completions server taking token-id prompts (`openai`: vLLM or SGLang serving the model).
 
-    # Offline CPU smoke run: a tiny random Qwen2 on procedural problems (retool_env/configs/eval_tiny_cpu.yaml, the
-    # default config, packaged); every flag applies on top of it
+    # Offline CPU smoke run: a tiny random Qwen2 on procedural problems (retool_env/configs/eval_tiny_cpu.yaml,
+    # packaged, read when neither --config, --model nor --protocol is given); every flag applies on top of it
     retool-env eval --limit 2        # or: python training/eval.py --limit 2
 
     # A published protocol (paper, verl, matharena, aster; retool_env/configs/protocols/) on 2026 benchmarks
@@ -17,10 +17,12 @@ Writes, for each benchmark and arm, `<out>/<benchmark>/<arm>/{per_problem.jsonl,
 and `<out>/report.md` (both arms side by side), `<out>/metrics.json` and `<out>/arms.png`. From Python,
 `retool_env.evaluation.evaluate_arms(...)` (both arms) and `evaluate(...)` (one) return the metrics.
 
-Arguments come from four dataclasses, read from a YAML file (`--config`, default: the CPU smoke config), then a
-protocol preset (`--protocol`: its fields replace the file's), then the command line, which wins (and is recorded in
-the report as set on top of the protocol): `ModelArguments`, `DataArguments`, `EnvArguments` (`retool_env.EnvConfig`
-plus concurrency and the arms) and `OutputArguments`.
+Arguments come from four dataclasses, read from a YAML file (`--config`; without it, the CPU smoke config only for a
+run with neither `--model` nor `--protocol`, else the dataclasses' defaults), then a protocol preset (`--protocol`: it
+states every setting that changes a score, `PROTOCOL_FIELDS`, and replaces the file's), then the command line, which
+wins. The report lists every setting that differs from the protocol, from the file or the command line alike:
+`ModelArguments`, `DataArguments`, `EnvArguments` (`retool_env.EnvConfig` plus concurrency and the arms) and
+`OutputArguments`.
 """
 
 from __future__ import annotations
@@ -37,6 +39,16 @@ from retool_env.evaluation import ARMS, NO_TOOL_PROMPT
 # Packaged with retool_env (package-data), so an installed copy finds them too.
 EVAL_CONFIGS = Path(str(files("retool_env") / "configs"))
 PROTOCOLS = ("paper", "verl", "matharena", "aster")
+# What a protocol preset must state: every argument that changes a score (the problems, sampling, budgets, the
+# interpreter's limits, the weights' precision).
+PROTOCOL_FIELDS = ("n_samples", "ks", "temperature", "top_p", "top_k", "seed", "limit", "levels",
+                   "max_completion_tokens", "max_tool_calls", "max_observation_tokens", "max_turn_tokens",
+                   "tool_timeout", "error_format", "on_timeout", "stateful", "dtype")
+# Arguments that never change a score (what is evaluated, where it runs, where results go): not compared with the
+# protocol.
+UNSCORED_FIELDS = frozenset({"model", "tokenizer", "backend", "base_url", "device", "tensor_parallel_size",
+                             "gpu_memory_utilization", "dataset", "protocol", "arms", "out", "save_responses",
+                             "progress", "concurrency"})
 
 
 @dataclass
@@ -67,8 +79,9 @@ class DataArguments:
                 "hmmt_feb26, brumo25, cmimc25, beyondaime, amobench, math500, arith (procedural), a local "
                 "parquet/jsonl file or folder, or a Hub id."})
     protocol: str | None = field(default=None, metadata={
-        "help": f"A published evaluation protocol ({', '.join(PROTOCOLS)}; retool_env/configs/protocols/): its "
-                "samples, sampling and budgets replace the config file's; flags still win, and are recorded."})
+        "help": f"A published evaluation protocol ({', '.join(PROTOCOLS)}; retool_env/configs/protocols/): every "
+                "setting that changes a score, replacing the config file's; flags still win, and the report lists "
+                "each setting that differs from the protocol."})
     split: str | None = field(default=None, metadata={"help": "Split (arith: train or test); default: the "
                                                               "dataset's evaluation split."})
     limit: int | None = field(default=None, metadata={"help": "Evaluate at most this many problems."})
@@ -107,8 +120,9 @@ class OutputArguments:
     progress: bool = field(default=True, metadata={"help": "Show a progress bar."})
 
 
-def load_protocol(name: str) -> tuple[str, dict[str, Any]]:
-    """A protocol preset: where it comes from (`source`) and the argument values it sets."""
+def load_protocol(name: str) -> tuple[str, list[str], dict[str, Any]]:
+    """A protocol preset: where it comes from (`source`), where the environment cannot follow it or the source is
+    silent (`notes`), and the argument values it sets (every one of `PROTOCOL_FIELDS`)."""
     import yaml
 
     from retool_adapters.scripts import UsageError
@@ -116,7 +130,11 @@ def load_protocol(name: str) -> tuple[str, dict[str, Any]]:
     if name not in PROTOCOLS:
         raise UsageError(f"--protocol {name}: unknown protocol; choose one of {', '.join(PROTOCOLS)}")
     preset = yaml.safe_load((EVAL_CONFIGS / "protocols" / f"{name}.yaml").read_text(encoding="utf-8"))
-    return preset.pop("source"), preset
+    source, notes = preset.pop("source"), preset.pop("notes", [])
+    missing = [name for name in PROTOCOL_FIELDS if name not in preset]
+    if missing:
+        raise UsageError(f"protocol {name}: the preset does not state {', '.join(missing)}")
+    return source, notes, preset
 
 
 def _flags(argv: Iterable[str], names: set[str]) -> set[str]:
@@ -131,7 +149,8 @@ def _flags(argv: Iterable[str], names: set[str]) -> set[str]:
 
 def apply_protocol(parsed: tuple[Any, ...], argv: Sequence[str]) -> dict[str, Any] | None:
     """Set the protocol's values on the parsed dataclasses, except where a flag set one; return the record the report
-    shows (name, source, preset, and every value the command line set on top)."""
+    shows: name, source, notes, preset, and every setting that changes a score and differs from the protocol (its
+    preset, else the argument's default), with where it was set (`flag` or `config`)."""
     from retool_adapters.scripts import UsageError
 
     data_args = parsed[1]
@@ -139,16 +158,26 @@ def apply_protocol(parsed: tuple[Any, ...], argv: Sequence[str]) -> dict[str, An
     given = _flags(argv, set(owners))
     if data_args.protocol is None:
         return None
-    source, preset = load_protocol(data_args.protocol)
+    source, notes, preset = load_protocol(data_args.protocol)
     for name, value in preset.items():
         if name not in owners:
             raise UsageError(f"protocol {data_args.protocol}: {name!r} is not an argument of the evaluation")
         if name not in given:
             setattr(owners[name], name, value)
     if "n_samples" in given and "ks" not in given:  # the preset's k values belong to its own n
-        data_args.ks = sorted({k for k in preset.get("ks", []) if k <= data_args.n_samples} | {data_args.n_samples})
-    on_top = {name: getattr(owners[name], name) for name in sorted(given - {"config", "protocol"})}
-    return {"name": data_args.protocol, "source": source, "preset": preset, "set_on_top": on_top}
+        data_args.ks = sorted({k for k in preset["ks"] if k <= data_args.n_samples} | {data_args.n_samples})
+    derived = {"ks"} if "n_samples" in given else set()
+    differences = {}
+    for args in parsed:
+        defaults = type(args)()  # as the dataclass normalises them
+        for f in fields(args):
+            expected = preset[f.name] if f.name in preset else getattr(defaults, f.name)
+            value = getattr(args, f.name)
+            if f.name not in UNSCORED_FIELDS and value != expected:
+                differences[f.name] = {"value": value, "protocol": expected,
+                                       "set_by": "flag" if f.name in given or f.name in derived else "config"}
+    return {"name": data_args.protocol, "source": source, "notes": notes, "preset": preset,
+            "differences": differences}
 
 
 class EvalParser:
@@ -167,7 +196,8 @@ class EvalParser:
         from retool_adapters.scripts import UsageError
 
         argv = list(sys.argv[1:] if args is None else args)
-        parsed = self.parser.parse_args_and_config(argv, **kwargs)
+        smoke_run = not _flags(argv, {"config", "model", "protocol"})  # only then the CPU smoke config
+        parsed = self.parser.parse_args_and_config(argv, with_default_config=smoke_run, **kwargs)
         try:
             parsed[1].protocol_record = apply_protocol(parsed, argv)
         except UsageError as exc:
@@ -183,14 +213,14 @@ def make_parser() -> EvalParser:
         default_config=EVAL_CONFIGS / "eval_tiny_cpu.yaml", prog="retool-env eval",
         description="Evaluate a tool-using math model with ReTool-Env, with and without the tool: mean@n with 95% "
                     "intervals, pass@k, maj@k, tool use and parse failures, per benchmark and level. --protocol "
-                    f"{'|'.join(PROTOCOLS)} applies a published protocol. Without --config: the offline CPU smoke "
-                    "run."))
+                    f"{'|'.join(PROTOCOLS)} applies a published protocol. Without --config, --model or --protocol: "
+                    "the offline CPU smoke run."))
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[ModelArguments, DataArguments, EnvArguments,
                                                            OutputArguments]:
-    """The four argument dataclasses from `--config file.yaml` (default: the CPU smoke config), then `--protocol`,
-    then the command line, which wins."""
+    """The four argument dataclasses from `--config file.yaml` (without it: the CPU smoke config for a run with
+    neither `--model` nor `--protocol`, else the defaults), then `--protocol`, then the command line, which wins."""
     return make_parser().parse_args_and_config(argv)
 
 

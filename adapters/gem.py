@@ -6,7 +6,10 @@ GEM's loops are text level: `reset` returns the environment's prompt already ren
 text the environment appends (the tool results in the chat template's tool turn, ready for the next generation), or
 GEM's `TERMINAL_STATE` when the episode ends, with the reward. Tokenizing the prompt and each observation alone gives
 the environment's own ids (tested with Qwen2.5's tokenizer); `info["token_ids"]` carries them for a loop that
-stays in ids. Parsing, sandbox, budgets, grading and reward are the `ToolEnvironment`'s underneath.
+stays in ids, and such a loop steps with the engine's token ids (`step(ids)` or `step({"token_ids": ids,
+"logprobs": ..., "finish_reason": ...})`): vLLM v1's ids end with the stop token `<|im_end|>` and its text does not,
+so the text alone would make the environment close the turn a second time in ids. Parsing, sandbox, budgets, grading
+and reward are the `ToolEnvironment`'s underneath.
 
     import gem
     import retool_adapters.gem  # registers "retool_env"
@@ -19,6 +22,7 @@ gem-llm 0.1.0 pins msgspec==0.19.0 and nltk for its search tool and word games; 
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 try:
@@ -59,12 +63,18 @@ class ReToolGemEnv(Env):
         prompt_ids, info = self.env.reset(seed=seed, options=None if idx is None else {"index": idx})
         return self._text(prompt_ids), {**info, "token_ids": prompt_ids.tolist()}
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        """Run the turn's tool calls, or grade its final answer."""
-        action_ids = self.env.format.encode(action)
-        obs_ids, reward, terminated, truncated, info = self.env.step(action_ids)
+    def step(self, action: str | Sequence[int] | Mapping[str, Any]) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Run the turn's tool calls, or grade its final answer. `action` is the turn's text, or the engine's token
+        ids exactly as generated (a list, or the environment's mapping action), which the environment keeps as is."""
+        if isinstance(action, str):
+            env_action: Any = self.env.format.encode(action)
+            action_ids = list(env_action)
+        else:
+            env_action = action
+            action_ids = [int(t) for t in (action["token_ids"] if isinstance(action, Mapping) else action)]
+        obs_ids, reward, terminated, truncated, info = self.env.step(env_action)
         done = terminated or truncated
-        info = {**info, "token_ids": obs_ids.tolist(), "action_ids": list(action_ids)}
+        info = {**info, "token_ids": obs_ids.tolist(), "action_ids": action_ids}
         if done:
             traj = self.env.trajectory
             assert traj is not None

@@ -1,22 +1,23 @@
 """OpenRLHF: the environment as an `AgentInstanceBase` for OpenRLHF's `MultiTurnAgentExecutor`.
 
 OpenRLHF's executor owns the tokens: it tokenizes the text `reset` returns as the prompt, generates from token ids,
-hands `step` the turn's text (`action_text`), and tokenizes the `environment_feedback` text `step` returns *alone*
-(`hf_tokenizer(feedback, add_special_tokens=False)`), appending it to the context. It trains on that concatenation
-with the action mask set on the engine's action ranges only. `ReToolAgentInstance` runs a `ToolEnvironment`
-underneath: the action text re-encoded to ids, parsing, sandbox, budgets, grading and reward the environment's, and
-the feedback is the environment's observation ids decoded with their special tokens.
+appends the engine's `token_ids` to the context, hands `step` only the turn's text (`action_text`), and tokenizes
+the `environment_feedback` text `step` returns *alone* (`hf_tokenizer(feedback, add_special_tokens=False)`),
+appending it to the context. It trains on that concatenation with the action mask set on the engine's action ranges
+only. `ReToolAgentInstance` runs a `ToolEnvironment` underneath, stepped with the engine's own output (token ids,
+finish reason, logprobs), which `ReToolAgentExecutor` records on its way to OpenRLHF; parsing, sandbox, budgets,
+grading and reward are the environment's, and the feedback is its observation ids decoded with their special tokens.
 
-What OpenRLHF's re-tokenization gives compared with the environment's ids (checked in tests/test_adapter_openrlhf.py,
-Qwen2.5 tokenizer):
+What OpenRLHF trains on compared with the environment's trajectory (checked in tests/test_adapter_openrlhf.py, Qwen2.5
+tokenizer, under an engine shaped as vLLM v1, whose `token_ids` end with the stop token `<|im_end|>` while its `text`
+does not):
 - The prompt and the hermes feedback (`\\n<|im_start|>user\\n<tool_response>...`) re-tokenize to the
   environment's ids exactly, clipped tool outputs included: the environment clips an output's text before the chat
   template encodes it, and each observation starts after a special token (`<|im_end|>`), so no BPE merge crosses
   the seam. Each step still compares them (`extra_logs["feedback_retokenized_mismatch"]`, 1.0 when they differ,
   e.g. under a chat template whose tool turn does not start at a special token).
-- The action is where they can differ: `step` gets only its text (OpenRLHF passes no token ids), so when the
-  engine samples a non-canonical tokenization the environment records the text's canonical ids while OpenRLHF
-  trains on the engine's; the grade, the reward and the tool calls are the same, as both read the same text.
+- The action is the engine's ids in both: stepped with its text, the environment would re-encode a non-canonical
+  sampling differently and, under vLLM v1, see a turn without its `<|im_end|>` and close it a second time.
 - The inline `retool` format needs generation to stop at `</code>`, and OpenRLHF's sampling parameters have no
   stop strings: use `tool_format="hermes"` (the default here), which stops at the chat template's `<|im_end|>`.
 
@@ -35,6 +36,7 @@ environment renders the prompt) and the answer as the label::
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 from typing import Any
 
 try:
@@ -47,11 +49,48 @@ except ModuleNotFoundError as exc:
 from retool_env.data import Problem
 from retool_env.env import ToolEnvironment
 
-__all__ = ["ReToolAgentExecutor", "ReToolAgentInstance", "agent_executor"]
+__all__ = ["ReToolAgentExecutor", "ReToolAgentInstance", "agent_executor", "engine_action"]
 
-# OpenRLHF builds each AgentInstance with no arguments inside `execute`; the executor passes its tokenizer this way,
-# and collects the instances to close what an episode cut short by OpenRLHF's `max_length` left open.
-_current: contextvars.ContextVar[tuple[Any, dict[str, Any], list]] = contextvars.ContextVar("retool_openrlhf_agent")
+
+@dataclasses.dataclass
+class _Episode:
+    """What one `execute` shares with its instance: OpenRLHF builds each AgentInstance with no arguments and hands
+    `step` no token ids, so the executor passes the tokenizer, the engine's outputs and the instances (to close what
+    an episode cut short by OpenRLHF's `max_length` left open) this way."""
+
+    tokenizer: Any
+    env_kwargs: dict[str, Any]
+    instances: list[ReToolAgentInstance] = dataclasses.field(default_factory=list)
+    generations: list[Any] = dataclasses.field(default_factory=list)  # the engine's `outputs[0]`, one per turn
+
+
+_current: contextvars.ContextVar[_Episode] = contextvars.ContextVar("retool_openrlhf_agent")
+
+
+class _RecordingEngine:
+    """OpenRLHF's `llm_engine`, each output kept for the instance's `step`."""
+
+    def __init__(self, engine: Any, episode: _Episode) -> None:
+        self.engine, self.episode = engine, episode
+
+    async def generate(self, *args: Any, **kwargs: Any) -> Any:
+        request_output = await self.engine.generate(*args, **kwargs)
+        self.episode.generations.append(request_output.outputs[0])
+        return request_output
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+
+def engine_action(output: Any) -> dict[str, Any]:
+    """The environment's action from an engine output: its token ids exactly as generated (a stop token included),
+    its finish reason, and its logprobs where it has them."""
+    token_ids = [int(t) for t in output.token_ids]
+    logprobs = getattr(output, "logprobs", None)
+    reason = getattr(output, "finish_reason", None)
+    return {"token_ids": token_ids, "finish_reason": reason if reason in ("stop", "length") else None,
+            "logprobs": None if not logprobs or len(logprobs) != len(token_ids)
+            else [float(step[t].logprob) for step, t in zip(logprobs, token_ids, strict=True)]}
 
 
 class ReToolAgentInstance(AgentInstanceBase):
@@ -59,11 +98,12 @@ class ReToolAgentInstance(AgentInstanceBase):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         try:
-            self.tokenizer, self.env_kwargs, instances = _current.get()
+            self.episode = _current.get()
         except LookupError:
             raise RuntimeError("ReToolAgentInstance runs under ReToolAgentExecutor (see agent_executor)") from None
+        self.tokenizer, self.env_kwargs = self.episode.tokenizer, self.episode.env_kwargs
         self.env: ToolEnvironment | None = None
-        instances.append(self)
+        self.episode.instances.append(self)
 
     async def reset(self, states: dict, **kwargs: Any) -> dict:
         """Start the episode on the dataset's raw problem (`observation`) and answer (`label`)."""
@@ -73,11 +113,13 @@ class ReToolAgentInstance(AgentInstanceBase):
         return {**states, "observation": self.tokenizer.decode(prompt_ids.tolist(), skip_special_tokens=False)}
 
     async def step(self, state_dict: dict, **kwargs: Any) -> dict:
-        """Run the turn's tool calls, or grade its final answer; the reward comes on the last step."""
+        """Run the turn's tool calls, or grade its final answer; the reward comes on the last step. The action is the
+        engine's output OpenRLHF just appended (`state_dict["action_text"]` is only its text)."""
         if self.env is None:
             raise RuntimeError("call reset() before step()")
-        ids = self.env.format.encode(state_dict["action_text"])
-        obs_ids, reward, terminated, truncated, info = await self.env.astep(ids)
+        if not self.episode.generations:
+            raise RuntimeError("step() before the engine generated: ReToolAgentExecutor records its outputs")
+        obs_ids, reward, terminated, truncated, info = await self.env.astep(engine_action(self.episode.generations[-1]))
         done = terminated or truncated
         feedback = "" if done else self.tokenizer.decode(obs_ids.tolist(), skip_special_tokens=False)
         retokenized = self.tokenizer(text=feedback, add_special_tokens=False)["input_ids"]
@@ -102,13 +144,14 @@ class ReToolAgentExecutor(MultiTurnAgentExecutor):
         super().__init__(ReToolAgentInstance)
 
     async def execute(self, prompt, label, sampling_params, max_length: int, hf_tokenizer, llm_engine, images=None):
-        instances: list[ReToolAgentInstance] = []
-        token = _current.set((hf_tokenizer, dict(self.env_kwargs), instances))
+        episode = _Episode(hf_tokenizer, dict(self.env_kwargs))
+        token = _current.set(episode)
         try:
-            return await super().execute(prompt, label, sampling_params, max_length, hf_tokenizer, llm_engine, images)
+            return await super().execute(prompt, label, sampling_params, max_length, hf_tokenizer,
+                                         _RecordingEngine(llm_engine, episode), images)
         finally:
             _current.reset(token)
-            for instance in instances:  # OpenRLHF stops at max_length without telling the instance
+            for instance in episode.instances:  # OpenRLHF stops at max_length without telling the instance
                 if instance.env is not None:
                     instance.env.close()
 

@@ -58,10 +58,14 @@ class ScriptParser(TrlParser):
         if any("disable_tqdm" in (f.name for f in dataclasses.fields(t)) for t in dataclass_types):
             self.set_defaults(disable_tqdm=not sys.stderr.isatty())
 
-    def parse_args_and_config(self, args: Iterable[str] | None = None, **kwargs: Any) -> tuple[Any, ...]:
-        """The dataclasses from `--config FILE` (default: the CPU smoke config) and the command line, which wins."""
+    def parse_args_and_config(self, args: Iterable[str] | None = None, *, with_default_config: bool = True,
+                              **kwargs: Any) -> tuple[Any, ...]:
+        """The dataclasses from `--config FILE` (default: the CPU smoke config; none with `with_default_config=False`)
+        and the command line, which wins."""
         args = list(sys.argv[1:] if args is None else args)
         if "--config" not in args:
+            if not with_default_config:
+                return self._parse(args, None, **kwargs)
             args = ["--config", str(self.default_config), *args]
         elif args.index("--config") == len(args) - 1:
             self.error("--config needs a YAML file")
@@ -69,10 +73,13 @@ class ScriptParser(TrlParser):
         if not config.is_file():
             default = " (the default config: install the repository with pip install -e)" * (config == self.default_config)
             self.error(f"--config {config}: no such file{default}")
+        return self._parse(args, config, **kwargs)
+
+    def _parse(self, args: list[str], config: Path | None, **kwargs: Any) -> tuple[Any, ...]:
         try:
             return super().parse_args_and_config(args, **kwargs)
         except ValueError as exc:  # a field's own validation, or an unknown key in the file
-            self.error(f"{exc} (config: {_display(config)})")  # exits
+            self.error(f"{exc}" + (f" (config: {_display(config)})" if config else ""))  # exits
             raise  # unreachable: argparse's error exits
 
     def format_help(self) -> str:

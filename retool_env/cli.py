@@ -171,7 +171,7 @@ def _eval(eval_args: Sequence[str]) -> int:
 
 
 def _regrade(args: argparse.Namespace) -> int:
-    """Re-score stored episode records with a grader and report disagreements with the logged verdicts and rewards."""
+    """Re-score stored episode records with a grader and report disagreements with the logged verdicts, answers and rewards."""
     import json
 
     from retool_env.records import read_records, regrade
@@ -190,7 +190,7 @@ def _regrade(args: argparse.Namespace) -> int:
                   f"logged pred {example['pred_logged']!r} correct={example['correct_logged']} "
                   f"reward={example['reward_logged']}; now pred {example['pred_now']!r} "
                   f"correct={example['correct_now']} reward={example['reward_now']}")
-    return 1 if args.fail_on_disagreement and (report.verdict_changes or report.reward_mismatches) else 0
+    return 1 if args.fail_on_disagreement and report.disagreements else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -242,8 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     regrade = commands.add_parser(
         "regrade", formatter_class=defaults, help="re-score stored episode records and report disagreements",
         description="Re-grade the episodes of a records file (ReToolRollout(records_path=...)) with a grader, recompute "
-                    "their rewards with the scheme each record names, and report where verdicts or rewards differ from "
-                    "the logged ones, with examples. With the grader training used, the rewards are reproduced exactly.")
+                    "their rewards with the scheme each record names, and report where verdicts, rewards or (default, "
+                    "strict) extracted answers differ from the logged ones, with examples. With the grader training used, the rewards are reproduced exactly.")
     regrade.add_argument("records", help="a JSONL file of episode records")
     regrade.add_argument("--grader", choices=["default", "math_verify", "strict"], default="default",
                          help="default: the project's grader; math_verify: math-verify's own extraction and "
@@ -251,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     regrade.add_argument("--examples", type=int, default=10, help="disagreements to show")
     regrade.add_argument("--json", action="store_true", help="print the whole report as JSON")
     regrade.add_argument("--fail-on-disagreement", action="store_true",
-                         help="exit with status 1 when any verdict or reward differs")
+                         help="exit with status 1 when any verdict, extracted answer or reward differs")
     regrade.set_defaults(func=_regrade)
 
     evaluate = commands.add_parser("eval", add_help=False, help="evaluate a model with and without the tool, under a "

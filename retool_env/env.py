@@ -110,8 +110,9 @@ class ToolEnvironment(gym.Env):
 
     ## Episode End
     Terminated when the model answers (a turn without a tool call). Truncated when a turn is cut off by the token
-    budget, when a tool call times out with `on_timeout="abort"` (`finish_reason="tool_timeout"`), when the
-    completion would exceed `max_completion_tokens`, or when a turn would exceed `max_tool_calls`.
+    budget (`finish_reason="length"`), when a tool call times out with `on_timeout="abort"` (`"tool_timeout"`), when
+    a tool turn's result would not fit `max_completion_tokens` or `max_model_len` (`"observation_too_long"`), or
+    when a turn would exceed `max_tool_calls` (`"max_tool_calls"`).
     An action longer than the budget left is clipped to it and ends the episode (`max_completion_tokens`, whatever
     it holds). A truncated episode is still graded on what the model wrote in its last turn, if that turn was an
     answer (no tool call).
@@ -341,11 +342,9 @@ class ToolEnvironment(gym.Env):
         outputs = [record.output for record in records]
         obs_ids, context_ids = self._next_context(pending.parsed, outputs)
         context_length = traj.context_length + len(obs_ids) if context_ids is None else len(context_ids)
-        if context_length - len(traj.episode_prompt_ids) >= config.max_completion_tokens:  # room for one token left
-            traj.finish_reason = "max_completion_tokens"
-            return None
-        if config.max_model_len is not None and context_length >= config.max_model_len:
-            traj.finish_reason = "max_model_len"
+        over_completion = context_length - len(traj.episode_prompt_ids) >= config.max_completion_tokens
+        if over_completion or (config.max_model_len is not None and context_length >= config.max_model_len):
+            traj.finish_reason = "observation_too_long"  # a complete tool turn: no room left for its result
             return None
         if context_ids is None:
             traj.append_env(obs_ids)

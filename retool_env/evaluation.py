@@ -522,10 +522,11 @@ def render_arms_report(results: dict[str, Any], config: dict[str, Any] | None = 
     protocol = config.get("protocol")
     if protocol:
         lines += [f"Protocol `{protocol['name']}`: {protocol['source']}", ""]
-        if protocol.get("set_on_top"):
-            lines += ["Set on top of the protocol (command line): " + ", ".join(
-                f"`{name}={value}`" + (f" (protocol: `{protocol['preset'][name]}`)" if name in protocol["preset"]
-                                       else "") for name, value in protocol["set_on_top"].items()) + ".", ""]
+        lines += [f"- {note}" for note in protocol.get("notes", [])] + [""] * bool(protocol.get("notes"))
+        differences = protocol.get("differences", {})
+        lines += [("**Differs from the protocol:** " + ", ".join(
+            f"`{name}={d['value']}` (protocol: `{d['protocol']}`; {d['set_by']})" for name, d in differences.items())
+            + ".") if differences else "Every setting that changes a score is the protocol's.", ""]
     header = ["benchmark", "arm", "problems", f"mean@{n} [95% CI]", f"pass@{k}", f"maj@{k}", "parse failures",
               "truncated"]
     lines += ["## Accuracy", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

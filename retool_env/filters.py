@@ -9,7 +9,8 @@ The tool-integrated-reasoning recipes control training at the boundary between r
 - RoC down-sampling (rStar2-Agent's GRPO-RoC, arXiv 2508.20722, `rstar2_agent/down_sample/roc.py`): of 2n episodes
   of a group keep n, positives with the fewest tool errors and format issues, negatives drawn at random; groups
   whose rewards are all equal are rejected;
-- sign-safe shaping (AdaTIR, arXiv 2601.14696): `retool_env.rewards.sign_safe_rewards` per group.
+- sign-safe shaping (AdaTIR, arXiv 2601.14696): `retool_env.rewards.sign_safe_rewards` per group, each correct
+  rollout at or above its group's mean (`True`, "above_mean") or also above every wrong one ("above_wrong").
 
 This module decides; each trainer adapter applies the decision its framework's way (TRL masks `env_mask` and
 unscores, the asynchronous worker queues fewer samples, verl's replay buffer evicts and selects, slime's dynamic
@@ -22,21 +23,23 @@ import dataclasses
 import random
 from collections.abc import Hashable, Sequence
 
-from retool_env.rewards import sign_safe_rewards
+from retool_env.rewards import SIGN_SAFE_GUARANTEES, sign_safe_rewards
 from retool_env.trajectory import ToolStatus, Trajectory
 
 __all__ = ["TrainingPlan", "TrajectoryFilters", "group_indices", "has_void_turn", "roc_penalty", "roc_select",
            "scored_reward"]
 
 
+_MAY_BE_VOID = frozenset({"answer", "length", "max_completion_tokens"})
+
+
 def has_void_turn(traj: Trajectory) -> bool:
     """Whether an episode has a void turn, as SimpleTIR defines it: neither a complete code block nor a final answer.
-    A turn without a tool call ends the episode, so only the last turn can be one: cut off mid-turn by a token budget,
-    or ended without an answer the grader could extract. (A malformed tool call is answered with an error and counts
-    as a tool turn here.)"""
-    if traj.finish_reason in ("length", "max_completion_tokens"):
-        return True
-    return traj.finish_reason == "answer" and traj.pred is None
+    A complete tool call never ends an episode on its own turn except by a budget on its result or its count
+    (`observation_too_long`, `max_tool_calls`, `tool_timeout`: not void), so only a last turn that ended on its own
+    or was cut off can be void, and it is when the grader extracted no answer from it: a turn cut off after it wrote
+    `\\boxed{42}` is an answer. (A malformed tool call is answered with an error and counts as a tool turn.)"""
+    return traj.finish_reason in _MAY_BE_VOID and traj.pred is None
 
 
 def scored_reward(traj: Trajectory) -> float | None:
@@ -103,14 +106,19 @@ def outside_accuracy(correct: Sequence[bool], accuracy_filter: tuple[float, floa
 @dataclasses.dataclass(frozen=True)
 class TrajectoryFilters:
     """The filter options, each off by default, and the plan they make of a batch of groups (see the module
-    docstring for their sources). `roc_down_sample=n` keeps n of each group (generated with 2n)."""
+    docstring for their sources). `roc_down_sample=n` keeps n of each group (generated with 2n).
+    `sign_safe_shaping`: True or "above_mean" (no correct rollout below its group's mean), "above_wrong" (nor below
+    any wrong one of its group); `sign_safe_rewards`' `guarantee`."""
 
     mask_void_turns: bool = False
     accuracy_filter: tuple[float, float] | None = None
     roc_down_sample: int | None = None
-    sign_safe_shaping: bool = False
+    sign_safe_shaping: bool | str = False
 
     def __post_init__(self) -> None:
+        if self.sign_safe_shaping not in (False, True, *SIGN_SAFE_GUARANTEES):
+            raise ValueError(f"sign_safe_shaping must be True, False or one of {SIGN_SAFE_GUARANTEES}, not "
+                             f"{self.sign_safe_shaping!r}")
         if self.accuracy_filter is not None:
             low, high = self.accuracy_filter
             if not 0.0 <= low <= high <= 1.0:
@@ -163,8 +171,10 @@ class TrajectoryFilters:
                         filters[i].append("roc")
                         rewards[i] = None
         if self.sign_safe_shaping:
+            guarantee = "above_mean" if self.sign_safe_shaping is True else str(self.sign_safe_shaping)
             for group in groups.values():
-                clipped = sign_safe_rewards([rewards[i] for i in group], [trajectories[i].correct for i in group])
+                clipped = sign_safe_rewards([rewards[i] for i in group], [trajectories[i].correct for i in group],
+                                            guarantee=guarantee)
                 for i, reward in zip(group, clipped, strict=True):
                     rewards[i] = reward
         return TrainingPlan(filters=filters, rewards=rewards)

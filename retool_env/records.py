@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from retool_env.grading import Grade, extract_answer, grade, strict_box_correct
+from retool_env.grading import MAX_ANSWER_CHARS, Grade, extract_answer, grade, strict_box_correct
 from retool_env.rewards import REWARD_SCHEMES, EpisodeStats, get_reward_fn
 from retool_env.trajectory import Trajectory
 
@@ -175,12 +175,21 @@ GRADERS: dict[str, Callable[[str, str], Grade]] = {
     "math_verify": _math_verify_grade,
     "strict": _strict_grade,
 }
+# The graders that extract the answer as training did (`extract_answer`), so a different answer is a disagreement;
+# math-verify extracts its own way and writes answers in its own form, so only its verdicts are compared.
+SAME_EXTRACTION = frozenset({"default", "strict"})
+
+
+def _logged_form(pred: str | None) -> str | None:
+    """An extracted answer as a record logs it (`Grade.pred`: cut at `MAX_ANSWER_CHARS`)."""
+    return pred if pred is None or len(pred) <= MAX_ANSWER_CHARS else pred[:MAX_ANSWER_CHARS] + "..."
 
 
 @dataclass
 class RegradeReport:
-    """What re-grading stored episodes found. A disagreement is an episode whose verdict (`correct`) or reward
-    differs from the logged one; `examples` holds the first few, each with both verdicts and the answer text."""
+    """What re-grading stored episodes found. A disagreement is an episode whose verdict (`correct`), reward or,
+    under a grader in `SAME_EXTRACTION`, extracted answer (`pred`) differs from the logged one; `examples` holds the
+    first few, each with both verdicts and the answer text."""
 
     grader: str
     episodes: int = 0
@@ -190,6 +199,7 @@ class RegradeReport:
     parse_failures_logged: int = 0
     parse_failures_now: int = 0
     verdict_changes: int = 0
+    answer_changes: int = 0  # the answer extracted now differs from the logged one (SAME_EXTRACTION graders)
     reward_mismatches: int = 0
     rewards_not_recomputable: int = 0  # no scheme name recorded (an unnamed callable)
     examples: list[dict[str, Any]] = field(default_factory=list)
@@ -199,9 +209,15 @@ class RegradeReport:
         return (f"{self.episodes} episodes, {self.regraded} regraded with {self.grader!r}: accuracy logged "
                 f"{self.correct_logged / n:.4f}, now {self.correct_now / n:.4f}; parse failures logged "
                 f"{self.parse_failures_logged / n:.4f}, now {self.parse_failures_now / n:.4f}; "
-                f"{self.verdict_changes} verdict change(s), {self.reward_mismatches} reward mismatch(es)"
+                f"{self.verdict_changes} verdict change(s), {self.answer_changes} answer change(s), "
+                f"{self.reward_mismatches} reward mismatch(es)"
                 + (f", {self.rewards_not_recomputable} reward(s) not recomputable" if self.rewards_not_recomputable
                    else ""))
+
+    @property
+    def disagreements(self) -> int:
+        """Verdict changes, answer changes and reward mismatches together (an episode may count more than once)."""
+        return self.verdict_changes + self.answer_changes + self.reward_mismatches
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -233,10 +249,12 @@ def regrade(records: Iterable[dict[str, Any]], grader: str = "default", *, max_e
                 reward_fns[key] = get_reward_fn(record["reward_scheme"], **record["reward_kwargs"])
             reward = float(reward_fns[key](verdict, EpisodeStats(**record["episode_stats"])))
         changed = verdict.correct != bool(record["correct"])
+        answer_changed = grader in SAME_EXTRACTION and _logged_form(verdict.pred) != record["pred"]
         mismatch = reward is not None and reward != record["reward"]
         report.verdict_changes += changed
+        report.answer_changes += answer_changed
         report.reward_mismatches += mismatch
-        if (changed or mismatch) and len(report.examples) < max_examples:
+        if (changed or answer_changed or mismatch) and len(report.examples) < max_examples:
             report.examples.append({
                 "problem_id": record["problem_id"], "policy_version": record["policy_version"],
                 "gold": record["gold"], "pred_logged": record["pred"], "pred_now": verdict.pred,

@@ -33,7 +33,7 @@ Options (keyword arguments to `get_reward_fn`, accepted by every built-in scheme
   the verl recipe's rewards exactly for comparison runs.
 - `tool_success_reward` (default 0, off): a step reward added once per tool call that ran cleanly, on every outcome,
   as THOR's step-level reward for successful code and GEM's `ToolEnvWrapper(tool_success_reward=...)`. Counted as
-  `successful_calls` (executed calls less failed or invalid ones), at most `max_rewarded_calls` of them (None: no
+  `successful_calls` (calls that ran and ended `ok`), at most `max_rewarded_calls` of them (None: no
   cap). A policy farms any per-call reward with trivial calls, so keep it small against the outcome gap, cap it, and
   pair it with `sign_safe_rewards` below.
 
@@ -41,7 +41,9 @@ Group-level option (it needs the whole GRPO group, so the trainer adapters apply
 sign_safe_shaping=True)`): `sign_safe_rewards`, a shaping that can never give a correct rollout a negative advantage.
 AdaTIR (arXiv 2601.14696) shows that flat tool penalties (and step rewards, read the other way) make some correct
 rollouts score below their group's mean, so GRPO pushes a right answer down ("sign reversal"), and clips the shaping
-so that it cannot; `sign_safe_rewards` is that clip in reward space (see its docstring for why it holds).
+so that it cannot; `sign_safe_rewards` is that clip in reward space (see its docstring for why it holds). Its
+guarantee is only that: a correct rollout is at or above the mean, not above every wrong one.
+`sign_safe_shaping="above_wrong"` also keeps every correct rollout at or above every wrong one of its group.
 
 Custom schemes: any callable `(grade, episode_stats) -> float`, or a dotted path "package.module:function" (as TRL
 accepts reward functions), with keyword arguments bound by `get_reward_fn`.
@@ -59,7 +61,7 @@ from dataclasses import dataclass
 from retool_env.grading import Grade
 from retool_env.trajectory import NOT_RUN, ToolCallRecord, ToolStats, Trajectory
 
-__all__ = ["REWARD_SCHEMES", "SHAPING_UNITS", "EpisodeStats", "RewardFn", "count_tool_rounds", "get_reward_fn",
+__all__ = ["REWARD_SCHEMES", "SHAPING_UNITS", "SIGN_SAFE_GUARANTEES", "EpisodeStats", "RewardFn", "count_tool_rounds", "get_reward_fn",
            "sign_safe_rewards"]
 
 
@@ -71,6 +73,7 @@ class EpisodeStats:
     num_turns: int = 0  # assistant turns the model generated
     num_tool_rounds: int | None = None  # model turns in which the sandbox ran at least one call; None: not known
     num_tool_errors: int = 0  # calls that did not run cleanly: failed (timeouts included) or invalid
+    num_invalid_calls: int = 0  # of those, calls that never ran (malformed, unknown tool)
     num_tool_timeouts: int = 0
     truncated: bool = False  # the episode hit a token or turn budget before a final answer
     finish_reason: str = ""
@@ -89,14 +92,15 @@ class EpisodeStats:
         """The statistics of an episode known by its tool calls alone (TRL's tool loop keeps no trajectory)."""
         tools = ToolStats.of([call.status for call in calls])
         return cls(num_tool_calls=tools.executed, num_turns=num_turns, num_tool_rounds=num_tool_rounds,
-                   num_tool_errors=tools.failed + tools.invalid, num_tool_timeouts=tools.timeouts,
+                   num_tool_errors=tools.failed + tools.invalid, num_invalid_calls=tools.invalid,
+                   num_tool_timeouts=tools.timeouts,
                    truncated=truncated, finish_reason=finish_reason)
 
     @property
     def successful_calls(self) -> int:
-        """Executed calls that ran cleanly, less any invalid call (the counts keep failed and invalid calls together):
-        what `tool_success_reward` pays for, never more than the calls that really succeeded."""
-        return max(0, self.num_tool_calls - self.num_tool_errors)
+        """Calls that ran and ended `ok`: what `tool_success_reward` pays for. An invalid call never ran, so it is
+        not taken from the executed ones."""
+        return max(0, self.num_tool_calls - (self.num_tool_errors - self.num_invalid_calls))
 
     @property
     def tool_rounds(self) -> int:
@@ -168,24 +172,35 @@ def binary_reward(grade: Grade, stats: EpisodeStats, *, tool_call_cost: float = 
 
 
 SIGN_SAFE_MARGIN = 1e-6
+SIGN_SAFE_GUARANTEES = ("above_mean", "above_wrong")
 
 
-def sign_safe_rewards(rewards: Sequence[float | None], correct: Sequence[bool | None]) -> list[float | None]:
-    """One GRPO group's rewards with the shaping of its correct rollouts clipped, so that none scores below the
-    group's mean: then no correct rollout gets a negative advantage (AdaTIR's sign reversal cannot happen).
+def sign_safe_rewards(rewards: Sequence[float | None], correct: Sequence[bool | None], *,
+                      guarantee: str = "above_mean") -> list[float | None]:
+    """One GRPO group's rewards with the shaping of its correct rollouts clipped from below, so that no correct
+    rollout gets a negative advantage (AdaTIR's sign reversal cannot happen); wrong rewards are kept.
 
-    With p the share of correct rollouts among the scored ones, M the best correct reward and w the mean wrong
-    reward, every correct reward is raised to at least `L = p * max(M, w) + (1 - p) * w`; wrong rewards are kept.
-    Why no sign can reverse: after the clip every correct reward is at most max(M, w) (L is a mean of max(M, w) and
-    w), so the group's mean is at most `p * max(M, w) + (1 - p) * w = L`, and every correct reward is at least L.
+    `guarantee="above_mean"`: every correct reward is raised to at least `L = p * max(M, w) + (1 - p) * w`, with p the
+    share of correct rollouts among the scored ones, M the best correct reward and w the mean wrong reward. Then
+    every correct rollout scores at or above the group's mean; a wrong rollout may still score above a correct one
+    (a wrong answer with few tool calls above a correct one that paid for many). `"above_wrong"` (AdaTIR's aim that
+    correctness stays the main objective): the floor is `max(L, W)`, W the best wrong reward, so every correct
+    rollout also scores at or above every wrong one of its group, and its advantage at or above theirs.
+
+    Why the mean cannot pass the floor F (L, or max(L, W)): after the clip every correct reward lies in
+    [F, max(M, F)]. If F <= M, the mean is at most `p * M + (1 - p) * w <= L <= F`; if F > M, every correct reward
+    is F and the mean is `p * F + (1 - p) * w <= F`, as w <= W <= F (for L alone, F > M means w > M and L = w).
     GRPO's advantage is `(r - mean) / (std + eps)` (TRL's group scaling, none, or batch scaling, verl's and slime's
-    too): a positive scale of `r - mean`, so a correct rollout's advantage is >= 0. What the clip costs: in a group
-    where every rollout is correct, L = M and the shaping among them is cut away (they all score M, advantage 0); in
-    a mixed group the shaping still orders the correct rollouts above L, and the wrong ones freely. Unscored (None)
-    entries are left out of the statistics and returned as None, as GRPO leaves them out. The floor carries a margin
-    of `SIGN_SAFE_MARGIN` (relative) over float32 rounding of a trainer's mean; equal rewards (the all-correct case)
-    still normalise to a float32 rounding error (|advantage| < 1e-3 under TRL's `std + 1e-4`), not a signal.
+    too): a positive scale of `r - mean`, so a correct rollout's advantage is >= 0, and under `above_wrong` >= every
+    wrong one's. What the clip costs: in a group where every rollout is correct, the floor is M and the shaping
+    among them is cut away (they all score M, advantage 0); in a mixed group the shaping still orders the correct
+    rollouts above the floor, and the wrong ones freely. Unscored (None) entries are left out of the statistics and
+    returned as None, as GRPO leaves them out. The floor carries a margin of `SIGN_SAFE_MARGIN` (relative) over
+    float32 rounding of a trainer's mean; equal rewards (the all-correct case) still normalise to a float32 rounding
+    error (|advantage| < 1e-3 under TRL's `std + 1e-4`), not a signal.
     """
+    if guarantee not in SIGN_SAFE_GUARANTEES:
+        raise ValueError(f"guarantee must be one of {SIGN_SAFE_GUARANTEES}, not {guarantee!r}")
     if len(rewards) != len(correct):
         raise ValueError(f"{len(rewards)} rewards for {len(correct)} verdicts")
     right = [r for r, c in zip(rewards, correct, strict=True) if r is not None and c]
@@ -196,8 +211,9 @@ def sign_safe_rewards(rewards: Sequence[float | None], correct: Sequence[bool | 
         best = max(right)
         return [None if r is None else (max(r, best) if c else r) for r, c in zip(rewards, correct, strict=True)]
     p, w = len(right) / (len(right) + len(wrong)), math.fsum(wrong) / len(wrong)
-    top = max(max(right), w)
-    floor = p * top + (1 - p) * w
+    floor = p * max(max(right), w) + (1 - p) * w
+    if guarantee == "above_wrong":
+        floor = max(floor, max(wrong))
     floor += SIGN_SAFE_MARGIN * (1.0 + abs(floor))  # so a trainer's float32 mean cannot round above it
     return [None if r is None else (max(r, floor) if c else r) for r, c in zip(rewards, correct, strict=True)]
 

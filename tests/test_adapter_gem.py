@@ -53,6 +53,28 @@ def test_gem_make_episode_equals_the_local_env(qwen_tok, script):
     env.close()
 
 
+@pytest.mark.parametrize("as_mapping", [False, True])
+def test_a_loop_in_token_ids_steps_with_the_engines_ids_and_equals_the_local_env(qwen_tok, as_mapping):
+    """An id-level loop under vLLM v1: the context is prompt ids + engine ids + `info["token_ids"]`, token for token
+    the environment's trajectory (the text alone, without its `<|im_end|>`, would have the turn closed twice)."""
+    env = ReToolGemEnv(qwen_tok, [PROBLEM], tool_format="hermes", tool_timeout=10.0)
+    _, info = env.reset()
+    context, mask = list(info["token_ids"]), []
+    for ids in action_ids(qwen_tok, "hermes_correct"):
+        obs, reward, terminated, truncated, info = env.step({"token_ids": ids, "finish_reason": "stop"} if as_mapping
+                                                            else ids)
+        assert info["action_ids"] == ids
+        context += ids + info["token_ids"]
+        mask += [1] * len(ids) + [0] * len(info["token_ids"])
+        if terminated or truncated:
+            break
+    traj = env.env.trajectory
+    assert context == traj.prompt_ids + traj.completion_ids and mask == traj.env_mask
+    ref = local_reference(qwen_tok, "hermes_correct")
+    assert context == ref.prompt_ids + ref.completion_ids and reward == ref.reward == 1.0
+    env.close()
+
+
 @pytest.mark.parametrize("async_mode", [False, True])
 def test_make_vec_plays_a_right_and_a_wrong_episode_with_autoreset(qwen_tok, async_mode):
     envs = gem.make_vec([ENV_ID] * 2, async_mode=async_mode, seed=3, tokenizer=qwen_tok, dataset=[PROBLEM],

@@ -2,9 +2,10 @@
 only torch, transformers, sympy, pylatexenc and aiohttp; its trainer needs deepspeed, vLLM and GPUs).
 
 The episode runs through OpenRLHF's own `MultiTurnAgentExecutor.execute`, which tokenizes the prompt and each
-feedback text alone. Only the vLLM engine is a stand-in (`ScriptedVLLMEngine`: vLLM's `RequestOutput` shape, token
-ids, text decoded without skipping special tokens as OpenRLHF's `skip_special_tokens=False` default asks); the
-action mask is built as OpenRLHF's `SamplesGenerator._process_response_into_experience` builds it (0.11.2).
+feedback text alone. Only the vLLM engine is a stand-in (`ScriptedVLLMEngine`: vLLM v1's `RequestOutput` shape:
+`token_ids` end with the stop token `<|im_end|>`, `text` is decoded without it, other special tokens kept as
+OpenRLHF's `skip_special_tokens=False` asks); the action mask is built as OpenRLHF's
+`SamplesGenerator._process_response_into_experience` builds it (0.11.2).
 """
 
 from __future__ import annotations
@@ -24,23 +25,29 @@ from .test_adapter_scripted import LOGPROB, PROBLEM, Record, action_ids, local_r
 
 
 class ScriptedVLLMEngine:
-    """OpenRLHF's `llm_engine.generate(prompt_token_ids, sampling_params)`, playing a script, recording prompts."""
+    """OpenRLHF's `llm_engine.generate(prompt_token_ids, sampling_params)`, playing a script, recording prompts. As
+    vLLM v1: a turn that ends on a stop token keeps it in `token_ids` and leaves its text out of `text`
+    (`stop_in_text=True`: an engine that keeps it in both)."""
 
-    def __init__(self, tok, actions: list[list[int]]) -> None:
-        self.tok, self.actions, self.prompts = tok, actions, []
+    def __init__(self, tok, actions: list[list[int]], stop_in_text: bool = False) -> None:
+        self.tok, self.actions, self.prompts, self.stop_in_text = tok, actions, [], stop_in_text
+        self.stop_ids = {tok.convert_tokens_to_ids("<|im_end|>"), tok.eos_token_id}
 
     async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
         ids = self.actions[len(self.prompts)]
         self.prompts.append(list(prompt_token_ids))
         logprobs = [{t: SimpleNamespace(logprob=LOGPROB)} for t in ids]
-        output = SimpleNamespace(token_ids=ids, text=self.tok.decode(ids, skip_special_tokens=False),
+        stopped = bool(ids) and ids[-1] in self.stop_ids
+        shown = ids[:-1] if stopped and not self.stop_in_text else ids
+        output = SimpleNamespace(token_ids=ids, text=self.tok.decode(shown, skip_special_tokens=False),
                                  finish_reason="stop", logprobs=logprobs)
         return SimpleNamespace(outputs=[output])
 
 
-def openrlhf_episode(tok, actions: list[list[int]], max_length: int = 4096, **env_kwargs):
+def openrlhf_episode(tok, actions: list[list[int]], max_length: int = 4096, stop_in_text: bool = False,
+                     **env_kwargs):
     executor = agent_executor(tool_timeout=10.0, **env_kwargs)()
-    engine = ScriptedVLLMEngine(tok, actions)
+    engine = ScriptedVLLMEngine(tok, actions, stop_in_text)
     response = asyncio.run(executor.execute(PROBLEM.question, PROBLEM.answer,
                                             SimpleNamespace(max_tokens=None, logprobs=1), max_length, tok, engine))
     return response, engine
@@ -53,9 +60,10 @@ def action_mask(response) -> list[int]:
     return mask
 
 
+@pytest.mark.parametrize("stop_in_text", [False, True], ids=["vllm_v1", "stop_in_text"])
 @pytest.mark.parametrize("script", ["hermes_correct", "hermes_wrong"])
-def test_openrlhf_tokens_mask_reward_equal_the_local_env(qwen_tok, script):
-    response, engine = openrlhf_episode(qwen_tok, action_ids(qwen_tok, script))
+def test_openrlhf_tokens_mask_reward_equal_the_local_env(qwen_tok, script, stop_in_text):
+    response, engine = openrlhf_episode(qwen_tok, action_ids(qwen_tok, script), stop_in_text=stop_in_text)
     ref = local_reference(qwen_tok, script)
     n = len(ref.prompt_ids)
     assert response["observation_tokens"] == ref.prompt_ids + ref.completion_ids  # re-tokenized == env's ids
@@ -84,13 +92,27 @@ def test_clipped_tool_outputs_retokenize_to_the_environment_ids(qwen_tok):
 
 
 def test_non_canonical_action_ids_are_trained_as_generated(qwen_tok):
-    """`step` only gets the action's text: the environment grades the same text, OpenRLHF keeps the engine's ids."""
+    """The environment records the engine's ids, as OpenRLHF trains on them, not the text's canonical encoding."""
     canonical = action_ids(qwen_tok, "hermes_correct")
     split = [t for text in ["S", "o", " the", " ans", "wer", " is", " \\", "boxed", "{", "5", "6", "0", "8", "8", "}."]
              for t in qwen_tok.encode(text, add_special_tokens=False)] + [qwen_tok.convert_tokens_to_ids("<|im_end|>")]
     assert split != canonical[1] and qwen_tok.decode(split) == qwen_tok.decode(canonical[1])
-    response, _ = openrlhf_episode(qwen_tok, [canonical[0], split])
+    made = []
+
+    class Recorded(ReToolAgentInstance):
+        def __init__(self) -> None:
+            super().__init__()
+            made.append(self)
+
+    executor = agent_executor(tool_timeout=10.0)()
+    executor.agent_instance_cls = Recorded
+    response = asyncio.run(executor.execute(PROBLEM.question, PROBLEM.answer, SimpleNamespace(max_tokens=None,
+                                            logprobs=1), 4096, qwen_tok, ScriptedVLLMEngine(qwen_tok, [canonical[0],
+                                                                                                      split])))
+    traj = made[0].env.trajectory
     assert response["observation_tokens"][-len(split):] == split and response["reward"] == 1.0
+    assert response["observation_tokens"] == traj.prompt_ids + traj.completion_ids
+    assert response["rollout_log_probs"] == [0.0] * len(traj.prompt_ids) + traj.logprobs
 
 
 def _env_observation_ids(tok, action, **env_kwargs) -> list[int]:

@@ -142,7 +142,8 @@ def test_evaluate_with_hf_generator_writes_every_output(tiny_model, tmp_path):
         assert record["num_correct"] == sum(s["correct"] for s in record["samples"])
         for s in record["samples"]:
             assert len(tok.encode(s["response"], add_special_tokens=False)) > 0
-            assert s["completion_tokens"] <= 48 and s["finish_reason"] in ("answer", "length", "max_completion_tokens")
+            assert s["completion_tokens"] <= 48
+            assert s["finish_reason"] in ("answer", "length", "max_completion_tokens", "observation_too_long")
     mean = sum(r["num_correct"] for r in records) / 6
     saved = json.loads((tmp_path / "metrics.json").read_text())
     assert saved["mean@2"] == pytest.approx(mean) == metrics["mean@2"] and saved["config"] == {"model": "tiny"}
@@ -247,19 +248,65 @@ PROTOCOL_SETTINGS = {  # (n_samples, temperature, top_p, max_completion_tokens),
 def test_protocol_presets_state_their_source_and_flags_win_on_top(name):
     from retool_adapters import eval_cli
 
-    source, preset = eval_cli.load_protocol(name)
+    source, notes, preset = eval_cli.load_protocol(name)
     assert "arXiv" in source or "recipe" in source
+    assert set(eval_cli.PROTOCOL_FIELDS) <= set(preset) and all(isinstance(note, str) for note in notes)
     assert (EVAL_CONFIGS / "protocols" / f"{name}.yaml").is_file()
     assert eval_cli.EVAL_CONFIGS.resolve() == EVAL_CONFIGS.resolve()  # found from the package, not ../training
     _, data, env, _ = eval_cli.parse_args(["--protocol", name])
     assert (data.n_samples, data.temperature, data.top_p, env.max_completion_tokens) == PROTOCOL_SETTINGS[name]
-    assert data.ks[-1] == data.n_samples and data.protocol_record["set_on_top"] == {}
-    assert env.max_tool_calls == preset.get("max_tool_calls", 2)  # else the config file's (the tiny config: 2)
+    assert data.ks[-1] == data.n_samples and data.protocol_record["differences"] == {}
     _, data, env, out = eval_cli.parse_args(["--protocol", name, "--n_samples", "2", "--no_progress"])
     assert data.n_samples == 2 and out.progress is False and data.temperature == PROTOCOL_SETTINGS[name][1]
     assert data.ks == [1, 2]  # the preset's k values that fit the new n, and n
-    assert data.protocol_record["set_on_top"] == {"n_samples": 2, "progress": False}
-    assert data.protocol_record["preset"]["n_samples"] == PROTOCOL_SETTINGS[name][0]
+    differences = data.protocol_record["differences"]
+    assert list(differences) == ["n_samples", "ks"]  # progress changes no score
+    assert differences["n_samples"] == {"value": 2, "protocol": PROTOCOL_SETTINGS[name][0], "set_by": "flag"}
+
+
+@pytest.mark.parametrize("name", list(PROTOCOL_SETTINGS))
+def test_a_protocol_run_is_the_whole_benchmark_under_the_sources_settings(name):
+    """Nothing of the CPU smoke config (10 problems, 2 tool calls, 64-token observations, float32, unseeded) leaks
+    into a protocol run: the preset states every setting that changes a score."""
+    from retool_adapters import eval_cli
+
+    model, data, env, _ = eval_cli.parse_args(["--protocol", name, "--model", "Qwen/Qwen3-4B", "--backend", "vllm",
+                                               "--dataset", "aime24,amobench"])
+    assert data.limit is None and data.levels is None and data.seed == 0 and model.dtype == "auto"
+    _, _, preset = eval_cli.load_protocol(name)
+    assert (env.max_tool_calls, env.max_observation_tokens, env.tool_timeout) == (
+        preset["max_tool_calls"], preset["max_observation_tokens"], preset["tool_timeout"])
+    assert data.protocol_record["differences"] == {}
+
+
+def test_the_report_lists_every_setting_that_differs_from_the_protocol_wherever_it_was_set():
+    from retool_adapters import eval_cli
+    from retool_env.evaluation import render_arms_report
+
+    _, data, env, _ = eval_cli.parse_args(["--config", str(EVAL_CONFIGS / "eval_tiny_cpu.yaml"), "--protocol",
+                                           "paper", "--max_tool_calls", "2"])
+    differences = data.protocol_record["differences"]
+    assert differences["tool_format"] == {"value": "hermes", "protocol": "auto", "set_by": "config"}
+    assert differences["max_tool_calls"] == {"value": 2, "protocol": 16384, "set_by": "flag"}
+    assert data.limit is None and env.max_observation_tokens == 400  # the file's smoke values are replaced
+    metrics = {"n_samples": 1, "ks": [1], "num_problems": 1, "mean@1": 0.0, "mean@1_ci95": None, "pass@1": 0.0,
+               "maj@1": 0.0, "parse_failure_rate": 0.0, "truncation_rate": 0.0,
+               "tools": dict.fromkeys(["code_ratio", "tool_calls_per_response", "call_attempt_rate",
+                                       "tool_error_rate", "tool_timeout_rate", "invalid_call_rate",
+                                       "accuracy_with_tool", "accuracy_without_tool"])}
+    report = render_arms_report({"arith": {"tool": metrics}}, {"protocol": data.protocol_record})
+    assert "`max_tool_calls=2` (protocol: `16384`; flag)" in report
+    assert "`tool_format=hermes` (protocol: `auto`; config)" in report
+    assert "no call cap" in report  # the source's own settings and the notes
+
+
+def test_the_cpu_smoke_config_is_read_only_for_a_run_without_a_model_or_protocol():
+    from retool_adapters import eval_cli
+
+    _, data, env, _ = eval_cli.parse_args(["--limit", "2"])
+    assert (data.dataset, data.limit, env.max_tool_calls) == ("arith", 2, 2)  # the smoke run
+    model, data, env, _ = eval_cli.parse_args(["--model", "runs/grpo", "--backend", "vllm"])
+    assert (data.limit, data.n_samples, data.top_p, model.dtype, env.max_tool_calls) == (None, 32, 0.7, "auto", 8)
 
 
 def test_unknown_protocol_is_one_line(capsys):
@@ -334,16 +381,17 @@ def test_two_arms_same_problems_no_tool_in_the_no_tool_prompt_and_the_difference
 
 
 def test_retool_env_eval_protocol_paper_writes_the_two_arm_report_and_plot(tiny_model, tmp_path):
-    """`retool-env eval --protocol paper --limit 2` on the tiny offline model, on CPU. The protocol's 32 samples of
-    16,384 tokens would take hours here (and pass the tiny model's 4,096 positions): two flags cut them, and the
-    report records both as set on top of the protocol."""
+    """`retool-env eval --protocol paper --dataset arith --limit 2` on the tiny offline model, on CPU. The protocol's
+    32 samples of 16,384 tokens on every problem would take hours here (and pass the tiny model's 4,096 positions):
+    flags cut them, and the report lists each as a difference from the protocol."""
     from retool_env.cli import main
 
-    assert main(["eval", "--protocol", "paper", "--limit", "2", "--model", str(tiny_model), "--n_samples", "2",
-                 "--max_completion_tokens", "24", "--out", str(tmp_path), "--no_progress"]) == 0
+    assert main(["eval", "--protocol", "paper", "--dataset", "arith", "--limit", "2", "--model", str(tiny_model),
+                 "--n_samples", "2", "--max_completion_tokens", "24", "--out", str(tmp_path), "--no_progress"]) == 0
     report = (tmp_path / "report.md").read_text()
     assert "Protocol `paper`: ReTool (Feng et al. 2025, arXiv 2504.11536)" in report
-    assert "`n_samples=2` (protocol: `32`)" in report and "`max_completion_tokens=24` (protocol: `16384`)" in report
+    assert "`n_samples=2` (protocol: `32`; flag)" in report
+    assert "`max_completion_tokens=24` (protocol: `16384`; flag)" in report and "`limit=2` (protocol: `None`" in report
     assert "| arith | tool | 2 |" in report and "| arith | no_tool | 2 |" in report
     assert (tmp_path / "arms.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = json.loads((tmp_path / "metrics.json").read_text())
@@ -379,7 +427,7 @@ def test_an_installed_copy_finds_its_default_config_and_protocols(tmp_path):
     assert out.returncode == 0, out.stderr
     module, configs, dataset, n, budget = out.stdout.split()
     assert module.startswith(str(tmp_path / "lib")) and configs == str(tmp_path / "lib" / "retool_env" / "configs")
-    assert (dataset, n, budget) == ("arith", "16", "90000")
+    assert (dataset, n, budget) == ("aime24", "16", "90000")  # a protocol run: not the smoke config
 
 
 def test_several_benchmarks_in_one_run_and_levels_only_where_a_benchmark_has_them():

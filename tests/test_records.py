@@ -96,6 +96,21 @@ def test_regrade_finds_a_planted_disagreement(records, tmp_path, capsys):
     assert regrade(read_records(path), "strict").verdict_changes == 0
 
 
+def test_regrade_reports_an_extracted_answer_that_changed(records, tmp_path, capsys):
+    # The logged answer is not what the grader extracts from the logged text today; verdict and reward agree.
+    drifted = {**records[0], "pred": "42.0"}
+    report = regrade([drifted], "default")
+    assert (report.verdict_changes, report.reward_mismatches, report.answer_changes) == (0, 0, 1)
+    (example,) = report.examples
+    assert (example["pred_logged"], example["pred_now"]) == ("42.0", "42")
+    path = tmp_path / "records.jsonl"
+    RecordWriter(path).write([drifted])
+    assert main(["regrade", str(path), "--fail-on-disagreement"]) == 1
+    assert "1 answer change(s)" in capsys.readouterr().out
+    assert regrade([drifted], "strict").answer_changes == 1
+    assert regrade([drifted], "math_verify").answer_changes == 0  # its own extraction: verdicts compared only
+
+
 def test_bad_files_and_unnamed_schemes_are_reported(records, tmp_path, capsys):
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps(records[0]) + "\n{not json\n")

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from retool_env.grading import Grade
-from retool_env.rewards import REWARD_SCHEMES, EpisodeStats, get_reward_fn
+from retool_env.rewards import REWARD_SCHEMES, EpisodeStats, get_reward_fn, sign_safe_rewards
 
 RIGHT = Grade(correct=True, pred="204", method="exact", strict_correct=False)
 WRONG = Grade(correct=False, pred="205", method="numeric", strict_correct=False)
@@ -140,7 +142,8 @@ def test_tool_success_reward_pays_clean_calls_up_to_its_cap() -> None:
 
     clean, messy = EpisodeStats(num_tool_calls=3), EpisodeStats(num_tool_calls=3, num_tool_errors=2)
     assert clean.successful_calls == 3 and messy.successful_calls == 1
-    assert EpisodeStats(num_tool_calls=1, num_tool_errors=3).successful_calls == 0  # invalid calls count against
+    # one failed call and two invalid ones (never run): the executed call that failed is not paid, nothing is taken
+    assert EpisodeStats(num_tool_calls=1, num_tool_errors=3, num_invalid_calls=2).successful_calls == 0
     for scheme in ("retool", "retool_slime", "paper", "binary"):
         plain, stepped = get_reward_fn(scheme), get_reward_fn(scheme, tool_success_reward=0.1)
         for grade in (RIGHT, WRONG):
@@ -149,6 +152,18 @@ def test_tool_success_reward_pays_clean_calls_up_to_its_cap() -> None:
         capped = get_reward_fn(scheme, tool_success_reward=0.1, max_rewarded_calls=2)
         assert capped(RIGHT, clean) == pytest.approx(plain(RIGHT, clean) + 0.2)
     assert get_reward_fn("retool")(RIGHT, clean) == 1.0  # off by default
+
+
+def test_an_invalid_call_takes_nothing_from_the_clean_calls_step_reward() -> None:
+    from retool_env.trajectory import ToolCallRecord, ToolStatus
+
+    # THOR's step reward pays calls that ran and ended `ok`: three of them, beside one malformed call that never ran.
+    calls = [ToolCallRecord(str(i), str(i), ToolStatus.OK, turn=i) for i in range(3)]
+    calls.append(ToolCallRecord(None, "malformed", ToolStatus.INVALID, turn=3))
+    stats = EpisodeStats.of_calls(calls, num_turns=5, num_tool_rounds=3, truncated=False, finish_reason="answer")
+    assert stats.successful_calls == 3
+    stepped, plain = get_reward_fn("paper", tool_success_reward=0.1), get_reward_fn("paper")
+    assert stepped(RIGHT, stats) == pytest.approx(plain(RIGHT, stats) + 0.3)
 
 
 def _advantages(rewards: list[float]) -> list[float]:
@@ -189,6 +204,51 @@ def test_a_flat_tool_cost_reverses_signs_and_sign_safe_rewards_cannot() -> None:
     assert sign_safe_rewards([-1.0, -0.8], [False, False]) == [-1.0, -0.8]
     with pytest.raises(ValueError, match="verdicts"):
         sign_safe_rewards([1.0], [True, False])
+
+
+_REWARD = st.floats(-3.0, 3.0, allow_nan=False, width=32)
+_GROUP = st.lists(st.tuples(st.booleans(), st.one_of(st.none(), _REWARD)), min_size=2, max_size=16)
+
+
+def _scored(group: list[tuple[bool, float | None]], guarantee: str) -> list[tuple[bool, float]]:
+    correct, rewards = [c for c, _ in group], [r for _, r in group]
+    safe = sign_safe_rewards(rewards, correct, guarantee=guarantee)
+    assert [s is None for s in safe] == [r is None for r in rewards]
+    assert all(s == r for s, r, c in zip(safe, rewards, correct, strict=True) if not c)  # wrong rewards kept
+    return [(c, s) for c, s in zip(correct, safe, strict=True) if s is not None]
+
+
+@settings(max_examples=400, deadline=None)
+@given(_GROUP, st.sampled_from(["above_mean", "above_wrong"]))
+def test_sign_safe_rewards_keep_every_correct_rollout_at_or_above_the_mean(group, guarantee) -> None:
+    scored = _scored(group, guarantee)
+    if len({s for _, s in scored}) > 1:  # equal rewards normalise to a rounding error, no signal
+        advantages = _advantages([s for _, s in scored])
+        assert all(a >= 0 for a, (c, _) in zip(advantages, scored, strict=True) if c)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_GROUP)
+def test_above_wrong_keeps_every_correct_rollout_at_or_above_every_wrong_one(group) -> None:
+    scored = _scored(group, "above_wrong")
+    right, wrong = [s for c, s in scored if c], [s for c, s in scored if not c]
+    assert not right or not wrong or min(right) >= max(wrong)
+    if right and wrong and len({s for _, s in scored}) > 1:
+        advantages = _advantages([s for _, s in scored])
+        assert min(a for a, (c, _) in zip(advantages, scored, strict=True) if c) >= max(
+            a for a, (c, _) in zip(advantages, scored, strict=True) if not c)
+
+
+def test_above_mean_alone_lets_a_wrong_rollout_outrank_a_correct_one() -> None:
+    # `paper` at 0.2 a call: right after 12 calls (-1.4) under a wrong answer without a call (-1.0).
+    costly = get_reward_fn("paper", tool_call_cost=0.2)
+    group = [(RIGHT, EpisodeStats()), (RIGHT, EpisodeStats(num_tool_calls=12)), (WRONG, EpisodeStats())]
+    group += [(WRONG, EpisodeStats(num_tool_calls=5))] * 5
+    rewards, correct = [costly(g, s) for g, s in group], [g.correct for g, _ in group]
+    assert sign_safe_rewards(rewards, correct)[1] < rewards[2]  # the documented limit of the default
+    assert sign_safe_rewards(rewards, correct, guarantee="above_wrong")[1] >= rewards[2]
+    with pytest.raises(ValueError, match="guarantee"):
+        sign_safe_rewards(rewards, correct, guarantee="above_all")
 
 
 def test_episode_stats_of_a_trajectory_counts_what_the_environment_ran() -> None:

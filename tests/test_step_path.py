@@ -110,7 +110,7 @@ def test_an_observation_that_does_not_fit_ends_ungraded(tiny_tok):
     env = make_env(tiny_tok, max_completion_tokens=len(action) + 20, max_observation_tokens=200)
     env.reset(options={"index": 0})
     *_, truncated, info = env.step(action)
-    assert truncated and info["finish_reason"] == "max_completion_tokens"
+    assert truncated and info["finish_reason"] == "observation_too_long"
     assert info["pred"] is None and not info["correct"]
 
 
@@ -169,7 +169,7 @@ def test_max_model_len_caps_the_context(tiny_tok):
         assert env.trajectory.context_length <= 900
         if terminated or truncated:
             break
-    assert truncated and info["finish_reason"] == "max_model_len"
+    assert truncated and info["finish_reason"] == "observation_too_long"
     with pytest.raises(ValueError, match="max_model_len"):
         make_env(tiny_tok, max_model_len=prompt.size).reset(options={"index": 0})
 

@@ -3,8 +3,8 @@ maj@k, tool statistics and parse failures, per benchmark and level.
 
 The command line of `retool_adapters.eval_cli` (also `retool-env eval`), over the library `retool_env.evaluation`.
 
-    # Offline CPU smoke run: a tiny random Qwen2 on procedural problems (retool_env/configs/eval_tiny_cpu.yaml, the
-    # default config, packaged); every flag applies on top of it
+    # Offline CPU smoke run: a tiny random Qwen2 on procedural problems (retool_env/configs/eval_tiny_cpu.yaml, read
+    # when neither --config, --model nor --protocol is given); every flag applies on top of it
     python training/eval.py --limit 2
 
     # A published protocol (paper, verl, matharena, aster) on the 2026 benchmarks, vLLM on one GPU

@@ -114,7 +114,7 @@ class ReToolRolloutWorker:
         mask_void_turns: bool = False,
         accuracy_filter: tuple[float, float] | None = None,
         roc_down_sample: int | None = None,
-        sign_safe_shaping: bool = False,
+        sign_safe_shaping: bool | str = False,
         records_path: str | None = None,
         **env_kwargs: Any,
     ) -> None:

@@ -139,7 +139,8 @@ class ReToolRollout:
 
     `sign_safe_shaping` (off by default) passes each group's rewards through `retool_env.rewards.sign_safe_rewards`
     (after RoC): no correct rollout can then get a negative advantage from tool costs or step rewards (AdaTIR's
-    sign reversal, arXiv 2601.14696). `env_reward` then holds the clipped reward.
+    sign reversal, arXiv 2601.14696); `"above_wrong"` also keeps each above every wrong one of its group. `env_reward`
+    then holds the clipped reward.
 
     Filters and `sign_safe_shaping` group episodes by problem within one call, as TRL repeats each prompt
     `num_generations` times in a row: with several processes, keep whole groups on one process (a per-process
@@ -163,7 +164,7 @@ class ReToolRollout:
         mask_void_turns: bool = False,
         accuracy_filter: tuple[float, float] | None = None,
         roc_down_sample: int | None = None,
-        sign_safe_shaping: bool = False,
+        sign_safe_shaping: bool | str = False,
         records_path: str | os.PathLike | None = None,
         **env_kwargs: Any,
     ) -> None:
