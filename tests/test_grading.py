@@ -25,6 +25,7 @@ from retool_env.grading import (
     grade,
     grading_stats,
     is_equivalent,
+    stated_values,
     strict_box_correct,
 )
 
@@ -156,6 +157,7 @@ def test_hostile_text_is_handled_in_linear_time(text: str) -> None:
     extract_answer(text)
     extract_answer("\\boxed{" + text[:990] + "}")
     grading.normalize_answer(text[:1000])
+    stated_values(text[:1000], "42")
     assert time.perf_counter() - start < 0.5
 
 
@@ -187,6 +189,59 @@ def test_grade_and_agrade_agree() -> None:
 def test_a_leading_zero_group_is_no_thousands_separator(pred: str, gold: str) -> None:
     assert not is_equivalent(pred, gold)
     assert is_equivalent("1,111", "1111") and is_equivalent("10\\,455", "10455")
+
+
+# ------------------------------------------------------------------------------------------------ hedges
+HEDGES = [
+    "42 \\lor 43", "42 \\vee 43", "42 \\approx 43", "42 \\sim 43", "42 \\to 43", "42 \\Rightarrow 43", "42 \\mid 43",
+    "42 \\equiv 43", "42 \\parallel 43", "42 \\sqsubset 43", "42 \\cup 43", "42 | 43", "\\frac{84}{2} = 43", "x = 41 = 42",
+    "x = 42 = 43", "\\begin{cases} 42 \\\\ 43 \\end{cases}", "\\begin{aligned} 42 \\\\ 43 \\end{aligned}",
+    "\\substack{42 \\\\ 43}", "42 \\\\ 43", "42 \\text{ (or } 43\\text{)}", "\\text{42 or 43}", "42 \\text{ else } 43",
+    "1, 2, \\ldots, 42", "40, 41, \\ldots, 43", "(\\frac{84}{2} = 43, 5)", "(x = 41 = 42, 5)",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("pred", HEDGES)
+def test_an_answer_that_lists_or_relates_alternatives_is_right_for_no_gold(pred: str) -> None:
+    """One side read (math-verify takes the last number of what it cannot parse, the value of `\\approx`'s left side,
+    the right side of a false equation), the hedge would pay: it pays for neither value."""
+    golds = ["42", "43", "(42, 5)", "(43, 5)"]
+    assert [gold for gold in golds if grade(f"The answer is \\boxed{{{pred}}}.", gold).correct] == []
+
+
+@pytest.mark.parametrize(
+    ("pred", "gold"),
+    [
+        ("x = 42", "42"), ("x \\approx 42", "42"), ("\\frac{84}{2} = 42", "42"), ("x = \\frac{84}{2} = 42", "42"),
+        ("f(x) = 2x + 1", "2x+1"), ("\\text{Area} = 42", "42"), ("a = 1, b = 2", "1, 2"), ("(x, y) = (1, 2)", "(1,2)"),
+        ("(x = 1, y = 2)", "(1,2)"), ("y = 2x + 3", "y=2x+3"), ("\\{x \\mid x > 0\\}", "\\{x \\mid x > 0\\}"),
+        ("\\lim_{x \\to 0} \\frac{\\sin x}{x} = 1", "1"), ("\\sum_{k=1}^{10} k = 55", "55"), ("x \\in [1,3)", "[1,3)"),
+        ("\\begin{pmatrix}1\\\\2\\end{pmatrix}", "\\begin{pmatrix}1\\\\2\\end{pmatrix}"), ("42^\\circ", "42"),
+        ("42 \\text{ cm}", "42"), ("\\text{north}", "\\text{North}"), ("0.333\\ldots", "0.333\\ldots"),
+        ("\\begin{cases} 1 \\\\ 2 \\end{cases}", "\\begin{cases} 1 \\\\ 2 \\end{cases}"),
+    ],
+)  # fmt: skip
+def test_one_value_stated_once_or_named_stays_right(pred: str, gold: str) -> None:
+    assert grade(f"\\boxed{{{pred}}}", gold).correct
+
+
+@pytest.mark.parametrize(
+    ("pred", "right_for"),
+    [("42\\%", "42"), ("4200\\%", "4200"), ("0.42", "0.42"), ("42", "42"), ("\\frac{4200}{100}\\%", "42")],
+)
+def test_a_percent_sign_is_read_one_way_and_never_pays_for_two_golds(pred: str, right_for: str) -> None:
+    """`%` is a unit on both sides (math-verify's reading of integers: 9% = 9): `42\\%` is 42, never 0.42."""
+    golds = ["42", "0.42", "4200", "42\\%", "0.42\\%", "4200\\%"]
+    right = [gold for gold in golds if grade(f"\\boxed{{{pred}}}", gold).correct]
+    assert right == [right_for, right_for + "\\%"]
+
+
+def test_a_hedge_is_graded_wrong_by_name_in_every_path() -> None:
+    assert stated_values("x = 41 = 42", "42") == ["41", "42"]  # each must equal the gold
+    assert stated_values("42 \\lor 43", "42") is None and stated_values("x = 42", "42") == ["42"]
+    assert grade("\\boxed{42 \\lor 43}", "43") == Grade(False, "42 \\lor 43", "alternatives")
+    assert asyncio.run(agrade("\\boxed{x = 41 = 42}", "42")).method == "numeric"
+    assert not is_equivalent("\\frac{84}{2} = 43", "43") and is_equivalent("\\frac{84}{2} = 42", "42")
 
 
 # ------------------------------------------------------------------------------------------------ verl's strict box

@@ -4,9 +4,9 @@ An answer states one value, or a name and that value (`x = 42`, `f(x) = 2x`). A 
 side, so every side but a leading name must equal the gold on its own: `\\frac{84}{2} = 42` is right for 42, and
 `\\frac{84}{2} = 43` (a false equation), `x = 41 = 42` (a chain) and `42 \\approx 43` are right for no gold. Inside
 brackets, where a side cannot be compared with the gold on its own, a relation must follow a name:
-`(x = 1, y = 2)` is an answer, `(\\frac{84}{2} = 43, 5)` is not. The word "or", `\\lor` and `\\vee` list
-alternatives and are never an answer. When the gold itself has a relation (an equation, a set-builder) or says
-"or", those forms are compared whole, as written.
+`(x = 1, y = 2)` is an answer, `(\\frac{84}{2} = 43, 5)` is not. Alternatives are never an answer: the word "or",
+`\\lor`, `\\vee`, lines outside a matrix (`\\begin{cases} 42 \\\\ 43 \\end{cases}`), an elided list
+(`1, 2, \\ldots, 100`). When the gold itself has one of these forms, it is compared whole, as written.
 
 One linear scan over tokens, no recursion: hostile text costs its length.
 """
@@ -14,6 +14,7 @@ One linear scan over tokens, no recursion: hostile text costs its length.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from .extraction import MAX_ANSWER_CHARS
 from .normalization import clean
@@ -24,10 +25,14 @@ _RELATION_MACROS = frozenset({
     "Longleftrightarrow", "mapsto", "mid",
 })  # fmt: skip
 _DISJUNCTION = re.compile(r"(?<![A-Za-z\\])or(?![A-Za-z])|\\(?:lor|vee)(?![A-Za-z])", re.IGNORECASE)
-# `=` alone (not `<=`, `>=`, `!=`, `==`), `:=`, a macro, an escaped character, a bracket, a comma.
-_TOKEN = re.compile(r"(?<![<>!=:])=(?!=)|:=|\\[A-Za-z]+|\\.|[{}()\[\],]")
-_OPEN = frozenset({"{", "(", "[", "\\{", "\\begin"})
-_CLOSE = frozenset({"}", ")", "]", "\\}", "\\end"})
+_ELLIPSIS = r"(?:\\[lc]?dots[bc]?(?![A-Za-z])|\.\.\.|…)"
+_ELIDED_LIST = re.compile(rf",\s*{_ELLIPSIS}|{_ELLIPSIS}\s*,")  # `1, 2, \ldots, 100`: a range, not a value
+# `=` alone (not `<=`, `>=`, `!=`, `==`), `:=`, an environment's start or end, a macro, an escaped character (a line
+# break `\\\\` among them), a bracket, a comma.
+_TOKEN = re.compile(r"(?<![<>!=:])=(?!=)|:=|\\(?:begin|end)\s*\{[^{}]*\}|\\[A-Za-z]+|\\.|[{}()\[\],]")
+_OPEN = frozenset({"{", "(", "[", "\\{"})
+_CLOSE = frozenset({"}", ")", "]", "\\}"})
+_MATRICES = frozenset({"matrix", "pmatrix", "bmatrix", "Bmatrix", "vmatrix", "Vmatrix", "smallmatrix", "array"})
 _GREEK = (r"alpha|beta|gamma|delta|epsilon|varepsilon|zeta|eta|theta|vartheta|iota|kappa|lambda|mu|nu|xi|rho|sigma|"
           r"tau|upsilon|phi|varphi|chi|psi|omega|Gamma|Delta|Theta|Lambda|Xi|Sigma|Phi|Psi|Omega")
 # A variable: a letter that is not part of a macro's name, or a Greek letter other than pi (a number).
@@ -55,31 +60,40 @@ def stated_values(pred: str, gold: str) -> list[str] | None:
         return [pred]  # rejected unread by the fast path
     if _DISJUNCTION.search(pred) and not _DISJUNCTION.search(gold):
         return None
+    if _ELIDED_LIST.search(pred) and not _ELIDED_LIST.search(gold):
+        return None
     if _relations(gold):
         return [pred]
-    text = clean(pred)
-    sides, side_start = [], 0
-    element_start: list[int] = []  # per open bracket: where its current element starts (after it or a comma)
-    related: list[bool] = []  # per open bracket: whether its current element has had a relation
+    text, lines_allowed = clean(pred), "\\\\" in gold
+    # Per open bracket or environment, and the whole answer below them: where its current element (after the bracket
+    # or the last comma) starts, whether that element has had a relation, and whether it is a matrix.
+    levels: list[list[Any]] = [[0, False, False]]
+    sides: list[str] = []
+    side_start, listed, all_named = 0, False, True
     for match in _TOKEN.finditer(text):
-        token = match.group()
-        if token in _OPEN:
-            element_start.append(match.end())
-            related.append(False)
-        elif token in _CLOSE:
-            if element_start:
-                element_start.pop()
-                related.pop()
-        elif token == "," and element_start:
-            element_start[-1], related[-1] = match.end(), False
+        token, level = match.group(), levels[-1]
+        if token in _OPEN or token.startswith("\\begin"):
+            matrix = token.startswith("\\begin") and token[token.index("{") + 1 : -1].strip() in _MATRICES
+            levels.append([match.end(), False, matrix])
+        elif token in _CLOSE or token.startswith("\\end"):
+            if len(levels) > 1:
+                levels.pop()
+        elif token == "\\\\" and not level[2] and not lines_allowed:
+            return None  # lines outside a matrix (cases, aligned, substack) list alternatives
+        elif token == ",":
+            level[:2] = [match.end(), False]
+            listed = listed or len(levels) == 1
         elif _is_relation(token):
-            if not element_start:
+            follows_name = not level[1] and _names_something(text[level[0] : match.start()])
+            level[1] = True
+            if len(levels) > 1 and not follows_name:
+                return None  # inside brackets, only `name = value`: a side cannot be compared with the gold alone
+            if len(levels) == 1:
+                all_named = all_named and follows_name
                 sides.append(text[side_start : match.start()])
                 side_start = match.end()
-            elif related[-1] or not _names_something(text[element_start[-1] : match.start()]):
-                return None  # inside brackets, only `name = value`
-            else:
-                related[-1] = True
+    if listed:  # `a = 1, b = 2`: a list of `name = value`, compared whole
+        return [pred] if all_named else None
     if not sides:
         return [pred]
     sides.append(text[side_start:])
