@@ -147,6 +147,10 @@ HOSTILE_TEXT = [
     "$" * 999 + "x",  # cubic backtracking in a naive "$...$" pattern
     "$\\$" * 300,
     "\\text{" * 300 + "}" * 300,
+    "x = " * 250,  # relations, brackets, environments and unit tails: stated_values scans each once
+    "(" * 500 + "a = 1, " * 70,
+    "\\begin{" * 140,
+    "1 \\text{a}" + " }" * 490,
 ]
 
 
@@ -198,6 +202,7 @@ HEDGES = [
     "x = 42 = 43", "\\begin{cases} 42 \\\\ 43 \\end{cases}", "\\begin{aligned} 42 \\\\ 43 \\end{aligned}",
     "\\substack{42 \\\\ 43}", "42 \\\\ 43", "42 \\text{ (or } 43\\text{)}", "\\text{42 or 43}", "42 \\text{ else } 43",
     "1, 2, \\ldots, 42", "40, 41, \\ldots, 43", "(\\frac{84}{2} = 43, 5)", "(x = 41 = 42, 5)",
+    "42 \\text{ (possibly 43)}", "43 \\text{ (} 42 \\text{)}", "42 \\text{ (maybe } 43\\text{)}",
 ]  # fmt: skip
 
 
@@ -219,6 +224,7 @@ def test_an_answer_that_lists_or_relates_alternatives_is_right_for_no_gold(pred:
         ("\\begin{pmatrix}1\\\\2\\end{pmatrix}", "\\begin{pmatrix}1\\\\2\\end{pmatrix}"), ("42^\\circ", "42"),
         ("42 \\text{ cm}", "42"), ("\\text{north}", "\\text{North}"), ("0.333\\ldots", "0.333\\ldots"),
         ("\\begin{cases} 1 \\\\ 2 \\end{cases}", "\\begin{cases} 1 \\\\ 2 \\end{cases}"),
+        ("5 \\text{ cm}^{2}", "5"), ("\\text{204}", "204"),
     ],
 )  # fmt: skip
 def test_one_value_stated_once_or_named_stays_right(pred: str, gold: str) -> None:
@@ -403,7 +409,8 @@ def test_parent_never_imports_math_verify() -> None:
 
 
 # ------------------------------------------------------------------------------------------------ fuzz
-TOKENS = [*"0123456789+-*/^_{}()[],.=x \\$%!", "\\frac", "\\boxed{", "\\sqrt", "\\pi", "\\text{", "10^{10^{"]
+TOKENS = [*"0123456789+-*/^_{}()[],.=x \\$%!", "\\frac", "\\boxed{", "\\sqrt", "\\pi", "\\text{", "10^{10^{", "\\begin{",
+          "\\end{", "\\begin{cases}", "\\begin{pmatrix}", "\\\\", "\\approx", "\\lor", " or ", "\\ldots", "\\mid"]
 LATEXISH = st.lists(st.sampled_from(TOKENS), max_size=30).map("".join)
 
 
@@ -413,6 +420,13 @@ def test_fuzz_extraction_never_raises(text: str) -> None:
     answer = extract_answer(text)
     assert answer is None or isinstance(answer, str)
     assert isinstance(strict_box_correct(text, "5"), bool)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.text(max_size=300) | LATEXISH, st.sampled_from(["42", "x = 42", "\\{x \\mid x > 0\\}"]))
+def test_fuzz_stated_values_never_raises(pred: str, gold: str) -> None:
+    values = stated_values(pred, gold)
+    assert values is None or values == [pred] or (values and all(value.strip() for value in values))
 
 
 @settings(max_examples=300, deadline=None)

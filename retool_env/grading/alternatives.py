@@ -6,7 +6,7 @@ side, so every side but a leading name must equal the gold on its own: `\\frac{8
 brackets, where a side cannot be compared with the gold on its own, a relation must follow a name:
 `(x = 1, y = 2)` is an answer, `(\\frac{84}{2} = 43, 5)` is not. Alternatives are never an answer: the word "or",
 `\\lor`, `\\vee`, lines outside a matrix (`\\begin{cases} 42 \\\\ 43 \\end{cases}`), an elided list
-(`1, 2, \\ldots, 100`). When the gold itself has one of these forms, it is compared whole, as written.
+(`1, 2, \\ldots, 100`), a value with another number in a unit-like tail (`42 \\text{ (possibly 43)}`). When the gold itself has one of these forms, it is compared whole, as written.
 
 One linear scan over tokens, no recursion: hostile text costs its length.
 """
@@ -27,9 +27,13 @@ _RELATION_MACROS = frozenset({
 _DISJUNCTION = re.compile(r"(?<![A-Za-z\\])or(?![A-Za-z])|\\(?:lor|vee)(?![A-Za-z])", re.IGNORECASE)
 _ELLIPSIS = r"(?:\\[lc]?dots[bc]?(?![A-Za-z])|\.\.\.|…)"
 _ELIDED_LIST = re.compile(rf",\s*{_ELLIPSIS}|{_ELLIPSIS}\s*,")  # `1, 2, \ldots, 100`: a range, not a value
+# math-verify drops an answer's tail from its first text group on, as a unit, when the answer ends in a brace (and a
+# power): a number there (`42 \text{ (possibly 43)}`, `42 \text{ (} 43 \text{)}`) would go unread.
+_TEXT_OPEN = re.compile(r"\\(?:text(?:normal|bf|it|rm)?|mbox|math(?:rm|it|bf))\s*\{")
+_UNIT_POWER = re.compile(r"\}\s*(?:\^\s*\{?\s*\d\s*\}?|\{\^\s*\d\s*\})?\s*$")
 # `=` alone (not `<=`, `>=`, `!=`, `==`), `:=`, an environment's start or end, a macro, an escaped character (a line
 # break `\\\\` among them), a bracket, a comma.
-_TOKEN = re.compile(r"(?<![<>!=:])=(?!=)|:=|\\(?:begin|end)\s*\{[^{}]*\}|\\[A-Za-z]+|\\.|[{}()\[\],]")
+_TOKEN = re.compile(r"(?<![<>!=:])=(?!=)|:=|\\(?P<edge>begin|end)\s*\{(?P<env>[^{}]*)\}|\\[A-Za-z]+|\\.|[{}()\[\],]")
 _OPEN = frozenset({"{", "(", "[", "\\{"})
 _CLOSE = frozenset({"}", ")", "]", "\\}"})
 _MATRICES = frozenset({"matrix", "pmatrix", "bmatrix", "Bmatrix", "vmatrix", "Vmatrix", "smallmatrix", "array"})
@@ -49,6 +53,15 @@ def _names_something(side: str) -> bool:
     return _VARIABLE.search(side) is not None
 
 
+def _unread_number(text: str) -> bool:
+    """Whether `text` is a value followed by a unit-like tail that holds a number (see `_TEXT_OPEN`)."""
+    text_group = _TEXT_OPEN.search(text)
+    if text_group is None or not text[: text_group.start()].strip():
+        return False
+    power = _UNIT_POWER.search(text, text_group.start())
+    return power is not None and any(c.isdigit() for c in text[text_group.start() : power.start()])
+
+
 def _relations(text: str) -> bool:
     return any(_is_relation(match.group()) for match in _TOKEN.finditer(text))
 
@@ -62,6 +75,8 @@ def stated_values(pred: str, gold: str) -> list[str] | None:
         return None
     if _ELIDED_LIST.search(pred) and not _ELIDED_LIST.search(gold):
         return None
+    if _unread_number(clean(pred)) and not _unread_number(clean(gold)):
+        return None  # a value, and another one where math-verify reads a unit
     if _relations(gold):
         return [pred]
     text, lines_allowed = clean(pred), "\\\\" in gold
@@ -72,10 +87,10 @@ def stated_values(pred: str, gold: str) -> list[str] | None:
     side_start, listed, all_named = 0, False, True
     for match in _TOKEN.finditer(text):
         token, level = match.group(), levels[-1]
-        if token in _OPEN or token.startswith("\\begin"):
-            matrix = token.startswith("\\begin") and token[token.index("{") + 1 : -1].strip() in _MATRICES
-            levels.append([match.end(), False, matrix])
-        elif token in _CLOSE or token.startswith("\\end"):
+        edge = match.group("edge")
+        if token in _OPEN or edge == "begin":
+            levels.append([match.end(), False, edge == "begin" and match.group("env").strip() in _MATRICES])
+        elif token in _CLOSE or edge == "end":
             if len(levels) > 1:
                 levels.pop()
         elif token == "\\\\" and not level[2] and not lines_allowed:
