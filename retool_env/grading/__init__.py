@@ -23,7 +23,8 @@ Four layers grade the extracted answer, cheapest first:
 1. `extract_answer` (extraction.py), the policy above.
 2. `stated_values` (alternatives.py): an answer states one value, or a name and that value; every value a relation
    states must equal the gold (`\\frac{84}{2} = 43` and `x = 41 = 42` are right for no gold), and "or", `\\lor`,
-   `\\vee` are never an answer. A `%` is a unit on both sides (`42\\%` is 42, never 0.42).
+   `\\vee`, lines outside a matrix and elided lists are never an answer. A `%` is a unit on both sides (`42\\%` is
+   42, never 0.42).
 3. A fast path in this process (normalization.py): DAPO/Minerva-style normalisation with their known faults fixed
    (spaces, quotes, a trailing period, `\\text{}`, `x=`, units and degrees, `\\dfrac`, Unicode minus, thousands
    separators, leading zeros) and an exact comparison of integers, decimals and fractions. DAPO and AIME answers
@@ -74,7 +75,8 @@ class Grade:
 
     `method` says what decided it: "exact" or "numeric" (fast path), "math_verify", "timeout", "error" (the worker
     failed), "rejected" (malformed, or over `MAX_ANSWER_CHARS`: then `pred` is cut there), "alternatives" (the
-    answer lists or relates alternatives: see `stated_values`) or "none" (no answer found). `strict_correct` is verl's strict box verdict on the same text, a metric to log beside `correct`.
+    answer lists or relates alternatives: see `stated_values`) or "none" (no answer found). `strict_correct` is
+    verl's strict box verdict on the same text, a metric to log beside `correct`.
     """
 
     correct: bool

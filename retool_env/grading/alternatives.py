@@ -6,7 +6,8 @@ side, so every side but a leading name must equal the gold on its own: `\\frac{8
 brackets, where a side cannot be compared with the gold on its own, a relation must follow a name:
 `(x = 1, y = 2)` is an answer, `(\\frac{84}{2} = 43, 5)` is not. Alternatives are never an answer: the word "or",
 `\\lor`, `\\vee`, lines outside a matrix (`\\begin{cases} 42 \\\\ 43 \\end{cases}`), an elided list
-(`1, 2, \\ldots, 100`), a value with another number in a unit-like tail (`42 \\text{ (possibly 43)}`). When the gold itself has one of these forms, it is compared whole, as written.
+(`1, 2, \\ldots, 100`), a value with another number in a unit-like tail (`42 \\text{ (possibly 43)}`). When the
+gold itself has one of these forms, it is compared whole, as written.
 
 One linear scan over tokens, no recursion: hostile text costs its length.
 """
@@ -75,11 +76,12 @@ def stated_values(pred: str, gold: str) -> list[str] | None:
         return None
     if _ELIDED_LIST.search(pred) and not _ELIDED_LIST.search(gold):
         return None
-    if _unread_number(clean(pred)) and not _unread_number(clean(gold)):
+    text = clean(pred)
+    if _unread_number(text) and not _unread_number(clean(gold)):
         return None  # a value, and another one where math-verify reads a unit
     if _relations(gold):
         return [pred]
-    text, lines_allowed = clean(pred), "\\\\" in gold
+    lines_allowed = "\\\\" in gold
     # Per open bracket or environment, and the whole answer below them: where its current element (after the bracket
     # or the last comma) starts, whether that element has had a relation, and whether it is a matrix.
     levels: list[list[Any]] = [[0, False, False]]
