@@ -376,14 +376,15 @@ def test_cli_serve_token_from_the_environment_and_no_auth_rules(tmp_path):
         assert proc.wait(timeout=15) == 0
 
 
-def test_cli_serve_workers_share_one_port():
+def test_cli_serve_workers_share_one_port(tmp_path):
     from retool_env.cli import main
 
     assert main(["sandbox", "serve", "--workers", "2", "--port", "0"]) == 2  # a shared port must be fixed
     port = free_port()
     env = {**os.environ, TOKEN_ENV: TOKEN}
     proc = subprocess.Popen([sys.executable, "-m", "retool_env.cli", "sandbox", "serve", "--port", str(port),
-                             "--workers", "2", "--max-concurrency", "2"], stdout=subprocess.PIPE, text=True, env=env)
+                             "--workers", "2", "--max-concurrency", "2", "--nonce-dir", str(tmp_path / "nonces")],
+                            stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert "(2 workers)" in proc.stdout.readline()
         deadline = time.time() + 60  # the second worker's sandbox may still be starting
@@ -399,6 +400,11 @@ def test_cli_serve_workers_share_one_port():
 
         results = asyncio.run(calls())
         assert [r.stdout for r in results] == [f"{i * 3}\n" for i in range(12)]
+        auth, body = capture_signed_request("print(14)")  # a signed request runs once, whichever worker gets it
+        url = f"http://127.0.0.1:{port}/run_code"
+        codes = [httpx.post(url, content=body, headers={"X-Retool-Auth": auth}, timeout=30).status_code
+                 for _ in range(8)]  # a new connection each: the kernel spreads them over both workers
+        assert codes == [200] + [401] * 7
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
