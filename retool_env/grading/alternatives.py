@@ -25,6 +25,7 @@ _RELATION_MACROS = frozenset({
     "longrightarrow", "Rightarrow", "Longrightarrow", "implies", "iff", "Leftrightarrow", "leftrightarrow",
     "Longleftrightarrow", "mapsto", "mid",
 })  # fmt: skip
+_PLAIN_NUMBER = re.compile(r"\s*[-+]?\d+(?:\.\d+)?\s*")  # DAPO and AIME answers: nothing to scan
 _DISJUNCTION = re.compile(r"(?<![A-Za-z\\])or(?![A-Za-z])|\\(?:lor|vee)(?![A-Za-z])", re.IGNORECASE)
 _ELLIPSIS = r"(?:\\[lc]?dots[bc]?(?![A-Za-z])|\.\.\.|…)"
 _ELIDED_LIST = re.compile(rf",\s*{_ELLIPSIS}|{_ELLIPSIS}\s*,")  # `1, 2, \ldots, 100`: a range, not a value
@@ -70,8 +71,8 @@ def _relations(text: str) -> bool:
 def stated_values(pred: str, gold: str) -> list[str] | None:
     """The values `pred` states, each of which must equal `gold` for the answer to be right; None when `pred` lists
     or relates alternatives. An answer with no relation states itself."""
-    if len(pred) > MAX_ANSWER_CHARS:
-        return [pred]  # rejected unread by the fast path
+    if len(pred) > MAX_ANSWER_CHARS or _PLAIN_NUMBER.fullmatch(pred):
+        return [pred]  # over the limit: rejected unread by the fast path
     if _DISJUNCTION.search(pred) and not _DISJUNCTION.search(gold):
         return None
     if _ELIDED_LIST.search(pred) and not _ELIDED_LIST.search(gold):
