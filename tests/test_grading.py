@@ -214,6 +214,13 @@ def test_an_answer_that_lists_or_relates_alternatives_is_right_for_no_gold(pred:
     assert [gold for gold in golds if grade(f"The answer is \\boxed{{{pred}}}.", gold).correct] == []
 
 
+@pytest.mark.parametrize("pred", ["y = 2x + 3 = 3x + 2", "y = 3x + 2 = 2x + 3", "y = 2x + 3 \\\\ y = 3x + 2", "x = 1 = 2"])
+def test_against_an_equation_gold_a_chain_pays_for_neither_side(pred: str) -> None:
+    golds = ["y = 2x + 3", "y = 3x + 2", "x = 1", "x = 2"]
+    assert [gold for gold in golds if grade(f"\\boxed{{{pred}}}", gold).correct] == []
+    assert grade("\\boxed{y = 2x + 3}", "y=2x+3").correct and grade("\\boxed{x = 2}", "x=2").correct
+
+
 @pytest.mark.parametrize(
     ("pred", "gold"),
     [

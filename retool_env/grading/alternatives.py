@@ -4,10 +4,11 @@ An answer states one value, or a name and that value (`x = 42`, `f(x) = 2x`). A 
 side, so every side but a leading name must equal the gold on its own: `\\frac{84}{2} = 42` is right for 42, and
 `\\frac{84}{2} = 43` (a false equation), `x = 41 = 42` (a chain) and `42 \\approx 43` are right for no gold. Inside
 brackets, where a side cannot be compared with the gold on its own, a relation must follow a name:
-`(x = 1, y = 2)` is an answer, `(\\frac{84}{2} = 43, 5)` is not. Alternatives are never an answer: the word "or",
-`\\lor`, `\\vee`, lines outside a matrix (`\\begin{cases} 42 \\\\ 43 \\end{cases}`), an elided list
-(`1, 2, \\ldots, 100`), a value with another number in a unit-like tail (`42 \\text{ (possibly 43)}`). When the
-gold itself has one of these forms, it is compared whole, as written.
+`(x = 1, y = 2)` is an answer, `(\\frac{84}{2} = 43, 5)` is not. Against a gold that is itself an equation (or a
+set-builder) an answer is compared whole, with no more relations than the gold has: `y = 2x + 3 = 3x + 2` is a
+chain. Alternatives are never an answer: the word "or", `\\lor`, `\\vee`, lines outside a matrix
+(`\\begin{cases} 42 \\\\ 43 \\end{cases}`), an elided list (`1, 2, \\ldots, 100`), a value with another number in
+a unit-like tail (`42 \\text{ (possibly 43)}`). When the gold itself has one of these forms, the answer may too.
 
 One linear scan over tokens, no recursion: hostile text costs its length.
 """
@@ -15,6 +16,7 @@ One linear scan over tokens, no recursion: hostile text costs its length.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from typing import Any
 
 from .extraction import MAX_ANSWER_CHARS
@@ -64,8 +66,53 @@ def _unread_number(text: str) -> bool:
     return power is not None and any(c.isdigit() for c in text[text_group.start() : power.start()])
 
 
-def _relations(text: str) -> bool:
-    return any(_is_relation(match.group()) for match in _TOKEN.finditer(text))
+@dataclass
+class _Shape:
+    """What one scan finds in an answer: its sides at the top level (split at relations), and the forms below it."""
+
+    sides: list[str] = field(default_factory=list)
+    listed: bool = False  # commas at the top level: `a = 1, b = 2`
+    all_named: bool = True  # every top-level relation follows a name within its comma-separated element
+    nested: bool = False  # a relation inside brackets
+    nested_unnamed: bool = False  # one not after a name, or a second one in its element: `(\\frac{84}{2} = 43, 5)`
+    lines: bool = False  # a line break outside a matrix: `\\begin{cases} 42 \\\\ 43 \\end{cases}`
+
+    @property
+    def relations(self) -> int:
+        return len(self.sides) - 1
+
+
+def _shape(text: str) -> _Shape:
+    """One pass over `text`'s tokens, keeping per open bracket or environment (and the top level below them) where its
+    current element starts (after the bracket or the last comma), whether that element has had a relation, and
+    whether it is a matrix."""
+    shape = _Shape()
+    levels: list[list[Any]] = [[0, False, False]]
+    side_start = 0
+    for match in _TOKEN.finditer(text):
+        token, level, edge = match.group(), levels[-1], match.group("edge")
+        if token in _OPEN or edge == "begin":
+            levels.append([match.end(), False, edge == "begin" and match.group("env").strip() in _MATRICES])
+        elif token in _CLOSE or edge == "end":
+            if len(levels) > 1:
+                levels.pop()
+        elif token == "\\\\":
+            shape.lines = shape.lines or not level[2]
+        elif token == ",":
+            level[:2] = [match.end(), False]
+            shape.listed = shape.listed or len(levels) == 1
+        elif _is_relation(token):
+            follows_name = not level[1] and _names_something(text[level[0] : match.start()])
+            level[1] = True
+            if len(levels) > 1:
+                shape.nested = True
+                shape.nested_unnamed = shape.nested_unnamed or not follows_name
+            else:
+                shape.all_named = shape.all_named and follows_name
+                shape.sides.append(text[side_start : match.start()])
+                side_start = match.end()
+    shape.sides.append(text[side_start:])
+    return shape
 
 
 def stated_values(pred: str, gold: str) -> list[str] | None:
@@ -77,45 +124,20 @@ def stated_values(pred: str, gold: str) -> list[str] | None:
         return None
     if _ELIDED_LIST.search(pred) and not _ELIDED_LIST.search(gold):
         return None
-    text = clean(pred)
-    if _unread_number(text) and not _unread_number(clean(gold)):
+    text, gold_text = clean(pred), clean(gold)
+    if _unread_number(text) and not _unread_number(gold_text):
         return None  # a value, and another one where math-verify reads a unit
-    if _relations(gold):
+    shape, gold_shape = _shape(text), _shape(gold_text)
+    if shape.lines and not gold_shape.lines:
+        return None  # lines outside a matrix (cases, aligned, substack) list alternatives
+    if gold_shape.relations or gold_shape.nested:  # an equation or a set-builder: compared whole, chains refused
+        return [pred] if shape.relations <= gold_shape.relations else None
+    if shape.nested_unnamed:
+        return None  # inside brackets, only `name = value`: a side cannot be compared with the gold alone
+    if shape.listed:  # `a = 1, b = 2`: a list of `name = value`, compared whole
+        return [pred] if shape.all_named else None
+    if not shape.relations:
         return [pred]
-    lines_allowed = "\\\\" in gold
-    # Per open bracket or environment, and the whole answer below them: where its current element (after the bracket
-    # or the last comma) starts, whether that element has had a relation, and whether it is a matrix.
-    levels: list[list[Any]] = [[0, False, False]]
-    sides: list[str] = []
-    side_start, listed, all_named = 0, False, True
-    for match in _TOKEN.finditer(text):
-        token, level = match.group(), levels[-1]
-        edge = match.group("edge")
-        if token in _OPEN or edge == "begin":
-            levels.append([match.end(), False, edge == "begin" and match.group("env").strip() in _MATRICES])
-        elif token in _CLOSE or edge == "end":
-            if len(levels) > 1:
-                levels.pop()
-        elif token == "\\\\" and not level[2] and not lines_allowed:
-            return None  # lines outside a matrix (cases, aligned, substack) list alternatives
-        elif token == ",":
-            level[:2] = [match.end(), False]
-            listed = listed or len(levels) == 1
-        elif _is_relation(token):
-            follows_name = not level[1] and _names_something(text[level[0] : match.start()])
-            level[1] = True
-            if len(levels) > 1 and not follows_name:
-                return None  # inside brackets, only `name = value`: a side cannot be compared with the gold alone
-            if len(levels) == 1:
-                all_named = all_named and follows_name
-                sides.append(text[side_start : match.start()])
-                side_start = match.end()
-    if listed:  # `a = 1, b = 2`: a list of `name = value`, compared whole
-        return [pred] if all_named else None
-    if not sides:
-        return [pred]
-    sides.append(text[side_start:])
-    if _names_something(sides[0]):
-        sides = sides[1:]  # `x = 42` states 42
+    sides = shape.sides[1:] if _names_something(shape.sides[0]) else shape.sides  # `x = 42` states 42
     values = [side.strip() for side in sides if side.strip()]
     return values or None
