@@ -36,8 +36,9 @@ _ELIDED_LIST = re.compile(rf",\s*{_ELLIPSIS}|{_ELLIPSIS}\s*,")  # `1, 2, \ldots,
 _TEXT_OPEN = re.compile(r"\\(?:text(?:normal|bf|it|rm)?|mbox|math(?:rm|it|bf))\s*\{")
 _UNIT_POWER = re.compile(r"\}\s*(?:\^\s*\{?\s*\d\s*\}?|\{\^\s*\d\s*\})?\s*$")
 # `=` alone (not `<=`, `>=`, `!=`, `==`), `:=`, an environment's start or end, a macro, an escaped character (a line
-# break `\\\\` among them), a bracket, a comma.
-_TOKEN = re.compile(r"(?<![<>!=:])=(?!=)|:=|\\(?P<edge>begin|end)\s*\{(?P<env>[^{}]*)\}|\\[A-Za-z]+|\\.|[{}()\[\],]")
+# break `\\\\` among them), a bracket, a comma that is no thousands separator (`10,\\!080`).
+_TOKEN = re.compile(r"(?<![<>!=:])=(?!=)|:=|\\(?P<edge>begin|end)\s*\{(?P<env>[^{}]*)\}|\\[A-Za-z]+|\\.|[{}()\[\]]"
+                    r"|(?<!\d),|,(?!\s*(?:\\!\s*)?\d{3}(?!\d))")
 _OPEN = frozenset({"{", "(", "[", "\\{"})
 _CLOSE = frozenset({"}", ")", "]", "\\}"})
 _MATRICES = frozenset({"matrix", "pmatrix", "bmatrix", "Bmatrix", "vmatrix", "Vmatrix", "smallmatrix", "array"})
