@@ -231,7 +231,7 @@ def test_against_an_equation_gold_a_chain_pays_for_neither_side(pred: str) -> No
         ("\\begin{pmatrix}1\\\\2\\end{pmatrix}", "\\begin{pmatrix}1\\\\2\\end{pmatrix}"), ("42^\\circ", "42"),
         ("42 \\text{ cm}", "42"), ("\\text{north}", "\\text{North}"), ("0.333\\ldots", "0.333\\ldots"),
         ("\\begin{cases} 1 \\\\ 2 \\end{cases}", "\\begin{cases} 1 \\\\ 2 \\end{cases}"),
-        ("5 \\text{ cm}^{2}", "5"), ("\\text{204}", "204"),
+        ("5 \\text{ cm}^{2}", "5"), ("\\text{204}", "204"), ("n \\approx 10,\\!080", "10,\\!080"),
     ],
 )  # fmt: skip
 def test_one_value_stated_once_or_named_stays_right(pred: str, gold: str) -> None:
