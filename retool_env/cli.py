@@ -32,7 +32,8 @@ def _sandbox_serve(args: argparse.Namespace) -> int:
     kwargs = {"timeout": args.timeout, "memory_mb": args.memory_mb, "max_concurrency": concurrency,
               "isolation": args.isolation, "require": args.require}
     options = {"token": token, "token_source": source, "unix_socket": args.unix_socket, "echo": args.echo,
-               "read_timeout": args.read_timeout, "max_inflight_bytes": args.max_inflight_mb << 20}
+               "read_timeout": args.read_timeout, "max_inflight_bytes": args.max_inflight_mb << 20,
+               "nonce_dir": args.nonce_dir}
 
     async def serve_until_signalled(worker: int) -> None:
         # Ctrl-C and `kill` both stop the server cleanly; set explicitly, because a server started in the background
@@ -228,6 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--read-timeout", type=float, default=30.0, help="seconds a client may take to send a request")
     serve.add_argument("--max-inflight-mb", type=int, default=256,
                        help="request bodies held at once, all connections together (over it: HTTP 503)")
+    serve.add_argument("--nonce-dir", default=None,
+                       help="where signed requests' nonces are kept, so each runs once across workers and restarts "
+                            "(default: one directory per token under $XDG_RUNTIME_DIR or the temp directory)")
     serve.set_defaults(func=_sandbox_serve)
 
     doctor = commands.add_parser(

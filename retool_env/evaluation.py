@@ -61,7 +61,7 @@ def majority_vote(preds: Sequence[str | None]) -> int | None:
     for i, pred in enumerate(preds):
         if pred is None:
             continue
-        key = normalize_answer(pred)[0]
+        key = normalize_answer(pred)
         for cluster, other in zip(clusters, keys, strict=True):
             if key == other or is_equivalent(pred, str(preds[cluster[0]])):
                 cluster.append(i)

@@ -25,6 +25,7 @@ from retool_env.grading import (
     grade,
     grading_stats,
     is_equivalent,
+    stated_values,
     strict_box_correct,
 )
 
@@ -146,6 +147,10 @@ HOSTILE_TEXT = [
     "$" * 999 + "x",  # cubic backtracking in a naive "$...$" pattern
     "$\\$" * 300,
     "\\text{" * 300 + "}" * 300,
+    "x = " * 250,  # relations, brackets, environments and unit tails: stated_values scans each once
+    "(" * 500 + "a = 1, " * 70,
+    "\\begin{" * 140,
+    "1 \\text{a}" + " }" * 490,
 ]
 
 
@@ -156,6 +161,7 @@ def test_hostile_text_is_handled_in_linear_time(text: str) -> None:
     extract_answer(text)
     extract_answer("\\boxed{" + text[:990] + "}")
     grading.normalize_answer(text[:1000])
+    stated_values(text[:1000], "42")
     assert time.perf_counter() - start < 0.5
 
 
@@ -187,6 +193,68 @@ def test_grade_and_agrade_agree() -> None:
 def test_a_leading_zero_group_is_no_thousands_separator(pred: str, gold: str) -> None:
     assert not is_equivalent(pred, gold)
     assert is_equivalent("1,111", "1111") and is_equivalent("10\\,455", "10455")
+
+
+# ------------------------------------------------------------------------------------------------ hedges
+HEDGES = [
+    "42 \\lor 43", "42 \\vee 43", "42 \\approx 43", "42 \\sim 43", "42 \\to 43", "42 \\Rightarrow 43", "42 \\mid 43",
+    "42 \\equiv 43", "42 \\parallel 43", "42 \\sqsubset 43", "42 \\cup 43", "42 | 43", "\\frac{84}{2} = 43", "x = 41 = 42",
+    "x = 42 = 43", "\\begin{cases} 42 \\\\ 43 \\end{cases}", "\\begin{aligned} 42 \\\\ 43 \\end{aligned}",
+    "\\substack{42 \\\\ 43}", "42 \\\\ 43", "42 \\text{ (or } 43\\text{)}", "\\text{42 or 43}", "42 \\text{ else } 43",
+    "1, 2, \\ldots, 42", "40, 41, \\ldots, 43", "(\\frac{84}{2} = 43, 5)", "(x = 41 = 42, 5)",
+    "42 \\text{ (possibly 43)}", "43 \\text{ (} 42 \\text{)}", "42 \\text{ (maybe } 43\\text{)}",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("pred", HEDGES)
+def test_an_answer_that_lists_or_relates_alternatives_is_right_for_no_gold(pred: str) -> None:
+    """One side read (math-verify takes the last number of what it cannot parse, the value of `\\approx`'s left side,
+    the right side of a false equation), the hedge would pay: it pays for neither value."""
+    golds = ["42", "43", "(42, 5)", "(43, 5)"]
+    assert [gold for gold in golds if grade(f"The answer is \\boxed{{{pred}}}.", gold).correct] == []
+
+
+@pytest.mark.parametrize("pred", ["y = 2x + 3 = 3x + 2", "y = 3x + 2 = 2x + 3", "y = 2x + 3 \\\\ y = 3x + 2", "x = 1 = 2"])
+def test_against_an_equation_gold_a_chain_pays_for_neither_side(pred: str) -> None:
+    golds = ["y = 2x + 3", "y = 3x + 2", "x = 1", "x = 2"]
+    assert [gold for gold in golds if grade(f"\\boxed{{{pred}}}", gold).correct] == []
+    assert grade("\\boxed{y = 2x + 3}", "y=2x+3").correct and grade("\\boxed{x = 2}", "x=2").correct
+
+
+@pytest.mark.parametrize(
+    ("pred", "gold"),
+    [
+        ("x = 42", "42"), ("x \\approx 42", "42"), ("\\frac{84}{2} = 42", "42"), ("x = \\frac{84}{2} = 42", "42"),
+        ("f(x) = 2x + 1", "2x+1"), ("\\text{Area} = 42", "42"), ("a = 1, b = 2", "1, 2"), ("(x, y) = (1, 2)", "(1,2)"),
+        ("(x = 1, y = 2)", "(1,2)"), ("y = 2x + 3", "y=2x+3"), ("\\{x \\mid x > 0\\}", "\\{x \\mid x > 0\\}"),
+        ("\\lim_{x \\to 0} \\frac{\\sin x}{x} = 1", "1"), ("\\sum_{k=1}^{10} k = 55", "55"), ("x \\in [1,3)", "[1,3)"),
+        ("\\begin{pmatrix}1\\\\2\\end{pmatrix}", "\\begin{pmatrix}1\\\\2\\end{pmatrix}"), ("42^\\circ", "42"),
+        ("42 \\text{ cm}", "42"), ("\\text{north}", "\\text{North}"), ("0.333\\ldots", "0.333\\ldots"),
+        ("\\begin{cases} 1 \\\\ 2 \\end{cases}", "\\begin{cases} 1 \\\\ 2 \\end{cases}"),
+        ("5 \\text{ cm}^{2}", "5"), ("\\text{204}", "204"), ("n \\approx 10,\\!080", "10,\\!080"),
+    ],
+)  # fmt: skip
+def test_one_value_stated_once_or_named_stays_right(pred: str, gold: str) -> None:
+    assert grade(f"\\boxed{{{pred}}}", gold).correct
+
+
+@pytest.mark.parametrize(
+    ("pred", "right_for"),
+    [("42\\%", "42"), ("4200\\%", "4200"), ("0.42", "0.42"), ("42", "42"), ("\\frac{4200}{100}\\%", "42")],
+)
+def test_a_percent_sign_is_read_one_way_and_never_pays_for_two_golds(pred: str, right_for: str) -> None:
+    """`%` is a unit on both sides (math-verify's reading of integers: 9% = 9): `42\\%` is 42, never 0.42."""
+    golds = ["42", "0.42", "4200", "42\\%", "0.42\\%", "4200\\%"]
+    right = [gold for gold in golds if grade(f"\\boxed{{{pred}}}", gold).correct]
+    assert right == [right_for, right_for + "\\%"]
+
+
+def test_a_hedge_is_graded_wrong_by_name_in_every_path() -> None:
+    assert stated_values("x = 41 = 42", "42") == ["41", "42"]  # each must equal the gold
+    assert stated_values("42 \\lor 43", "42") is None and stated_values("x = 42", "42") == ["42"]
+    assert grade("\\boxed{42 \\lor 43}", "43") == Grade(False, "42 \\lor 43", "alternatives")
+    assert asyncio.run(agrade("\\boxed{x = 41 = 42}", "42")).method == "numeric"
+    assert not is_equivalent("\\frac{84}{2} = 43", "43") and is_equivalent("\\frac{84}{2} = 42", "42")
 
 
 # ------------------------------------------------------------------------------------------------ verl's strict box
@@ -348,7 +416,8 @@ def test_parent_never_imports_math_verify() -> None:
 
 
 # ------------------------------------------------------------------------------------------------ fuzz
-TOKENS = [*"0123456789+-*/^_{}()[],.=x \\$%!", "\\frac", "\\boxed{", "\\sqrt", "\\pi", "\\text{", "10^{10^{"]
+TOKENS = [*"0123456789+-*/^_{}()[],.=x \\$%!", "\\frac", "\\boxed{", "\\sqrt", "\\pi", "\\text{", "10^{10^{", "\\begin{",
+          "\\end{", "\\begin{cases}", "\\begin{pmatrix}", "\\\\", "\\approx", "\\lor", " or ", "\\ldots", "\\mid"]
 LATEXISH = st.lists(st.sampled_from(TOKENS), max_size=30).map("".join)
 
 
@@ -358,6 +427,13 @@ def test_fuzz_extraction_never_raises(text: str) -> None:
     answer = extract_answer(text)
     assert answer is None or isinstance(answer, str)
     assert isinstance(strict_box_correct(text, "5"), bool)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.text(max_size=300) | LATEXISH, st.sampled_from(["42", "x = 42", "\\{x \\mid x > 0\\}"]))
+def test_fuzz_stated_values_never_raises(pred: str, gold: str) -> None:
+    values = stated_values(pred, gold)
+    assert values is None or values == [pred] or (values and all(value.strip() for value in values))
 
 
 @settings(max_examples=300, deadline=None)

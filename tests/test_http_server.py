@@ -275,11 +275,54 @@ def test_memory_of_requests_in_flight_is_bounded(served):
     limited = served.start(read_timeout=5.0, max_body=600, max_inflight_bytes=1000)
     assert post(limited, {"code": "#" * 700}).status_code == 413
     with socket.create_connection(("127.0.0.1", limited.port), timeout=20) as holder:
-        holder.sendall(f"POST /run_code HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 500\r\n\r\n".encode())
+        holder.sendall(f"POST /run_code HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 590\r\n\r\n".encode()
+                       + b"#" * 500)  # 500 bytes of it arrived: those are held
+        time.sleep(0.3)
         assert raw_exchange(limited.port, b"GET /v1/ping HTTP/1.1\r\nConnection: close\r\n\r\n").endswith(b'"pong"')
         busy = post(limited, {"code": "#" * 550})  # 500 held + this one > 1000
         assert busy.status_code == 503 and busy.headers["retry-after"] == "1"
     assert post(limited, {"code": "print(7)" + " " * 500}).status_code == 200  # released when the holder went away
+
+
+def hold_body(port: int, declared: int, sent: int, source: str = "127.0.0.1") -> socket.socket:
+    """A client with the token that declares a body of `declared` bytes, sends `sent` of them, and waits."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=20, source_address=(source, 0))
+    sock.sendall(f"POST /run_code HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: {declared}\r\n\r\n"
+                 .encode() + b" " * sent)
+    return sock
+
+
+def test_declared_bodies_that_never_come_lock_nobody_out(served):
+    limited = served.start(read_timeout=30.0, max_body=600, max_inflight_bytes=2400)
+    holders = [hold_body(limited.port, 600, 5) for _ in range(4)]  # 4 x max_body declared: the whole bound
+    try:
+        time.sleep(0.3)
+        start = time.monotonic()
+        assert post(limited, {"code": "print(5)"}).json()["run_result"]["stdout"] == "5\n"
+        assert time.monotonic() - start < 10  # answered at once, not after the holders' timeout
+    finally:
+        for holder in holders:
+            holder.close()
+
+
+def test_a_body_must_arrive_within_the_body_timeout(served):
+    limited = served.start(read_timeout=30.0, body_timeout=0.5)
+    start = time.monotonic()
+    with hold_body(limited.port, 100, 1) as holder:
+        assert holder.recv(65536).startswith(b"HTTP/1.1 408")  # the body's time, not the idle wait's 30 s
+    assert time.monotonic() - start < 10
+
+
+def test_one_address_holds_at_most_its_share_of_body_bytes(served):
+    limited = served.start(read_timeout=30.0, max_body=600, max_inflight_bytes=4000, max_inflight_bytes_per_peer=1000)
+    with hold_body(limited.port, 600, 590):
+        time.sleep(0.3)
+        with hold_body(limited.port, 600, 500) as second:  # 1,090 bytes from 127.0.0.1: over its 1,000
+            assert second.recv(65536).startswith(b"HTTP/1.1 503")
+        with hold_body(limited.port, 600, 500, source="127.0.0.2") as other:  # another address has its own share
+            other.sendall(b" " * 100)
+            assert b'"detail"' in other.recv(65536)  # read whole and answered (400: spaces are not JSON), not 503
+    assert post(limited, {"code": "print(8)"}).status_code == 200
 
 
 # ------------------------------------------------------------------------------------- the command line
@@ -334,14 +377,15 @@ def test_cli_serve_token_from_the_environment_and_no_auth_rules(tmp_path):
         assert proc.wait(timeout=15) == 0
 
 
-def test_cli_serve_workers_share_one_port():
+def test_cli_serve_workers_share_one_port(tmp_path):
     from retool_env.cli import main
 
     assert main(["sandbox", "serve", "--workers", "2", "--port", "0"]) == 2  # a shared port must be fixed
     port = free_port()
     env = {**os.environ, TOKEN_ENV: TOKEN}
     proc = subprocess.Popen([sys.executable, "-m", "retool_env.cli", "sandbox", "serve", "--port", str(port),
-                             "--workers", "2", "--max-concurrency", "2"], stdout=subprocess.PIPE, text=True, env=env)
+                             "--workers", "2", "--max-concurrency", "2", "--nonce-dir", str(tmp_path / "nonces")],
+                            stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert "(2 workers)" in proc.stdout.readline()
         deadline = time.time() + 60  # the second worker's sandbox may still be starting
@@ -357,6 +401,11 @@ def test_cli_serve_workers_share_one_port():
 
         results = asyncio.run(calls())
         assert [r.stdout for r in results] == [f"{i * 3}\n" for i in range(12)]
+        auth, body = capture_signed_request("print(14)")  # a signed request runs once, whichever worker gets it
+        url = f"http://127.0.0.1:{port}/run_code"
+        codes = [httpx.post(url, content=body, headers={"X-Retool-Auth": auth}, timeout=30).status_code
+                 for _ in range(8)]  # a new connection each: the kernel spreads them over both workers
+        assert codes == [200] + [401] * 7
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
@@ -529,3 +578,46 @@ def test_a_unix_socket_of_another_user_gets_nothing(served, tmp_path):
     assert refused.status == "sandbox_error" and "belongs to uid 54321" in refused.note
     allowed = SandboxFusionSandbox("http://s/run_code", unix_socket=path, token=TOKEN, server_uid=54321)
     assert allowed.run_sync("print(2)").stdout == "2\n"
+
+
+def capture_signed_request(code: str) -> tuple[str, bytes]:
+    """What an impostor on the server's address keeps of one signed request: its `X-Retool-Auth` and its body."""
+    impostor = Impostor()
+    try:
+        SandboxFusionSandbox(f"http://127.0.0.1:{impostor.port}", token=TOKEN, retries=0).run_sync(code)
+    finally:
+        impostor.close()
+    head, _, body = impostor.received.partition(b"\r\n\r\n")
+    auth = next(line.split(b":", 1)[1].strip().decode() for line in head.split(b"\r\n")
+                if line.lower().startswith(b"x-retool-auth"))
+    return auth, body
+
+
+def replay(server: FusionServer, auth: str, body: bytes) -> httpx.Response:
+    return httpx.post(f"http://127.0.0.1:{server.port}/run_code", content=body, timeout=30,
+                      headers={"X-Retool-Auth": auth, "Content-Type": "application/json"})
+
+
+def test_a_signed_request_runs_once_across_restarts_and_workers(served, tmp_path):
+    store = str(tmp_path / "nonces")
+    first = served.start(nonce_dir=store)
+    auth, body = capture_signed_request("print(11)")
+    assert replay(first, auth, body).json()["run_result"]["stdout"] == "11\n"
+    asyncio.run_coroutine_threadsafe(first.close(), served.loop).result(30)
+    served.servers.remove(first)
+    restarted = served.start(nonce_dir=store)  # the same server after a restart: its nonces survived it
+    assert replay(restarted, auth, body).status_code == 401
+    worker_a, worker_b = served.start(), served.start()  # `serve --workers 2`: the default store is per token
+    auth, body = capture_signed_request("print(12)")
+    assert replay(worker_a, auth, body).status_code == 200
+    assert replay(worker_b, auth, body).status_code == 401
+
+
+def test_a_new_nonce_store_refuses_requests_signed_before_it(served, tmp_path):
+    auth, body = capture_signed_request("print(13)")  # captured, then the store is lost (a reboot cleared /tmp)
+    time.sleep(0.01)
+    assert replay(served.start(nonce_dir=str(tmp_path / "fresh")), auth, body).status_code == 401
+    os.makedirs(tmp_path / "open", mode=0o777)
+    os.chmod(tmp_path / "open", 0o777)
+    with pytest.raises(PermissionError, match="mode 0700"):
+        served.start(nonce_dir=str(tmp_path / "open"))

@@ -18,15 +18,20 @@ Extraction policy (what counts as the model's final answer), applied to the mode
 - Thousands separators (`10,455`, `10\\,455`, `10{,}455`) are read only in groups of three after a first group of
   1-3 digits that does not start with 0: `0,111` is not 111.
 
-Three layers grade the extracted answer, cheapest first:
+Four layers grade the extracted answer, cheapest first:
 
 1. `extract_answer` (extraction.py), the policy above.
-2. A fast path in this process (normalization.py): DAPO/Minerva-style normalisation with their known faults fixed
+2. `stated_values` (alternatives.py): an answer states one value, or a name and that value; every value a relation
+   states must equal the gold (`\\frac{84}{2} = 43` and `x = 41 = 42` are right for no gold), and "or", `\\lor`,
+   `\\vee`, lines outside a matrix and elided lists are never an answer. A `%` is a unit on both sides (`42\\%` is
+   42, never 0.42).
+3. A fast path in this process (normalization.py): DAPO/Minerva-style normalisation with their known faults fixed
    (spaces, quotes, a trailing period, `\\text{}`, `x=`, units and degrees, `\\dfrac`, Unicode minus, thousands
    separators, leading zeros) and an exact comparison of integers, decimals and fractions. DAPO and AIME answers
    end here in microseconds.
-3. math-verify for everything else (sets, intervals, tuples, radicals, expressions), in worker processes with a
-   hard timeout (pool.py runs worker.py in fresh interpreters).
+4. math-verify for everything else (sets, intervals, tuples, radicals, expressions), in worker processes with a
+   hard timeout (pool.py runs worker.py in fresh interpreters). The answer must parse whole: math-verify's habit
+   of reading the last number of a text it cannot parse (`42 \\sim 43` read as 43) is not used.
 
 `strict_box_correct` reproduces verl's `math_dapo` strict box check exactly, so a run can log what the verl recipe
 would have rewarded next to the real verdict (`Grade.strict_correct`).
@@ -38,8 +43,9 @@ import asyncio
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .alternatives import stated_values
 from .extraction import MAX_ANSWER_CHARS, extract_answer, strict_box_correct
-from .normalization import Verdict, clean, fast_verdict, normalize_answer
+from .normalization import Verdict, clean, drop_percent, fast_verdict, normalize_answer
 from .pool import WORKER_STARTUP_TIMEOUT, close_grading_pool, compare, count, grading_stats
 
 __all__ = [
@@ -54,6 +60,7 @@ __all__ = [
     "grading_stats",
     "is_equivalent",
     "normalize_answer",
+    "stated_values",
     "strict_box_correct",
 ]
 
@@ -67,8 +74,9 @@ class Grade:
     """The verdict on one episode's final answer.
 
     `method` says what decided it: "exact" or "numeric" (fast path), "math_verify", "timeout", "error" (the worker
-    failed), "rejected" (malformed, or over `MAX_ANSWER_CHARS`: then `pred` is cut there) or "none" (no answer
-    found). `strict_correct` is verl's strict box verdict on the same text, a metric to log beside `correct`.
+    failed), "rejected" (malformed, or over `MAX_ANSWER_CHARS`: then `pred` is cut there), "alternatives" (the
+    answer lists or relates alternatives: see `stated_values`) or "none" (no answer found). `strict_correct` is
+    verl's strict box verdict on the same text, a metric to log beside `correct`.
     """
 
     correct: bool
@@ -90,17 +98,56 @@ def _in_process_verdict(pred: str, gold: str) -> Verdict | None:
 
 
 def _math_verify_verdict(pred: str, gold: str, timeout: float) -> Verdict:
-    return compare(clean(pred), clean(gold), timeout)
+    return compare(drop_percent(clean(pred)), drop_percent(clean(gold)), timeout)
+
+
+_ALTERNATIVES = Verdict(False, "alternatives")
+
+
+@dataclass(frozen=True)
+class _Comparison:
+    """The values an answer states (see `stated_values`) and the fast path's verdict on each (None: math-verify's)."""
+
+    gold: str
+    values: tuple[str, ...]
+    fast: tuple[Verdict | None, ...]
+
+    @property
+    def settled(self) -> Verdict | None:
+        """The verdict when the fast path alone decides it: a value graded wrong, or every value graded right."""
+        if not self.values:
+            return _ALTERNATIVES
+        wrong = next((verdict for verdict in self.fast if verdict is not None and not verdict.correct), None)
+        return wrong or (None if None in self.fast else self.fast[-1])
+
+    def finish(self, timeout: float) -> Verdict:
+        """The verdict, asking math-verify about the values the fast path left open (blocking)."""
+        verdict = _ALTERNATIVES
+        for value, fast in zip(self.values, self.fast, strict=True):
+            verdict = fast or _math_verify_verdict(value, self.gold, timeout)
+            if not verdict.correct:
+                break
+        return verdict
+
+
+def _compare(pred: str, gold: str) -> _Comparison:
+    values = stated_values(pred, gold)
+    if values is None:
+        count("calls")
+        count("rejected")
+        return _Comparison(gold, (), ())
+    return _Comparison(gold, tuple(values), tuple(_in_process_verdict(value, gold) for value in values))
 
 
 def is_equivalent(pred: str, gold: str, *, timeout: float = DEFAULT_TIMEOUT) -> bool:
-    """Whether an extracted answer equals the gold: fast path first, then math-verify with a hard timeout.
+    """Whether an extracted answer equals the gold: every value it states (see `stated_values`), fast path first,
+    then math-verify with a hard timeout.
 
     Safe from any thread and inside a running event loop (it blocks; use `agrade` there); never raises for any
     string input; a timeout counts as not equivalent.
     """
-    pred, gold = str(pred), str(gold)
-    return (_in_process_verdict(pred, gold) or _math_verify_verdict(pred, gold, timeout)).correct
+    comparison = _compare(str(pred), str(gold))
+    return (comparison.settled or comparison.finish(timeout)).correct
 
 
 @dataclass(frozen=True)
@@ -109,14 +156,14 @@ class _FirstPass:
 
     pred: str | None
     strict: bool
-    verdict: Verdict | None
+    comparison: _Comparison | None
 
     @property
     def needs_math_verify(self) -> bool:
-        return self.pred is not None and self.verdict is None
+        return self.comparison is not None and self.comparison.settled is None
 
     def finish(self, verdict: Verdict | None = None) -> Grade:
-        verdict = verdict or self.verdict
+        verdict = verdict or (self.comparison.settled if self.comparison else None)
         if verdict is None or self.pred is None:
             return Grade(False, self.pred, "none", strict_correct=self.strict)
         pred = self.pred if len(self.pred) <= MAX_ANSWER_CHARS else self.pred[:MAX_ANSWER_CHARS] + "..."  # for logs
@@ -126,16 +173,15 @@ class _FirstPass:
 def _first_pass(model_text: str, gold: str) -> _FirstPass:
     pred = extract_answer(model_text)
     strict = strict_box_correct(model_text, gold)
-    return _FirstPass(pred, strict, None if pred is None else _in_process_verdict(pred, gold))
+    return _FirstPass(pred, strict, None if pred is None else _compare(pred, gold))
 
 
 def grade(model_text: str, gold: str, *, timeout: float = DEFAULT_TIMEOUT) -> Grade:
     """Grade the model-generated text of an episode (never interpreter output) against the gold answer."""
-    gold = str(gold)
-    first = _first_pass(model_text, gold)
-    if not first.needs_math_verify:
+    first = _first_pass(model_text, str(gold))
+    if first.comparison is None or not first.needs_math_verify:
         return first.finish()
-    return first.finish(_math_verify_verdict(str(first.pred), gold, timeout))
+    return first.finish(first.comparison.finish(timeout))
 
 
 _INLINE_CHARS = 4096
@@ -152,6 +198,6 @@ async def agrade(model_text: str, gold: str, *, timeout: float = DEFAULT_TIMEOUT
         first = _first_pass(model_text, gold)
     else:
         first = await loop.run_in_executor(None, _first_pass, model_text, gold)
-    if not first.needs_math_verify:
+    if first.comparison is None or not first.needs_math_verify:
         return first.finish()
-    return first.finish(await loop.run_in_executor(None, _math_verify_verdict, str(first.pred), gold, timeout))
+    return first.finish(await loop.run_in_executor(None, first.comparison.finish, timeout))

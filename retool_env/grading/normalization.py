@@ -12,6 +12,7 @@ from .extraction import BOX_OPEN, MAX_ANSWER_CHARS, SPECIAL_TOKEN, braced_conten
 _UNICODE = {"−": "-", "–": "-", "π": "\\pi", "∞": "\\infty", "°": "^\\circ", "\u00a0": " ", "×": "\\times"}
 _DIGIT_GROUP = re.compile(r"(?<=\d)\\,(?=\d{3}\b)")  # 10\,000: a separator, then judged by _THOUSANDS
 _UNESCAPED_DOLLAR = re.compile(r"(?<!\\)\$")
+_PERCENT = re.compile(r"\\?%")
 _SPACING = re.compile(r"\\(?:displaystyle|left|right|quad|qquad|[,;:! ])|~")
 _DELIMITERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 _TEXT = re.compile(r"\\(?:text|textbf|textrm|textnormal|mathrm|mbox)\s*\{([^{}]*)\}")
@@ -78,8 +79,14 @@ def clean(s: str) -> str:
         s = unwrapped
 
 
-def normalize_answer(s: str) -> tuple[str, bool]:
-    """Canonical string for comparison, and whether a percent sign was dropped (then "0.25" may equal "25\\%")."""
+def drop_percent(s: str) -> str:
+    """A percent sign is a unit, read one way on both sides: `42\\%` is 42, so it equals a gold 42 or `42\\%` and
+    never 0.42 (math-verify reads it both ways, which would pay one hedge for two golds)."""
+    return _PERCENT.sub("", s)
+
+
+def normalize_answer(s: str) -> str:
+    """Canonical string for comparison (a percent sign dropped: see `drop_percent`)."""
     s = clean(s)
     s = _DIGIT_GROUP.sub(",", s).replace("{,}", ",")
     s = _SPACING.sub(" ", s).replace("\\$", "")
@@ -90,8 +97,7 @@ def normalize_answer(s: str) -> tuple[str, bool]:
     s = _FRAC_SHORT.sub(r"\\frac{\1}{\2}", s)
     s = _SQRT_SHORT.sub(r"\\sqrt{\1}", s)
     s = _DEGREES.sub("", s)
-    percent = s.rstrip().endswith("%")
-    s = s.rstrip().removesuffix("\\%").removesuffix("%")
+    s = drop_percent(s)
     assignment = _ASSIGNMENT.match(s)
     if assignment and "=" not in s[assignment.end() :]:
         s = s[assignment.end() :]
@@ -101,7 +107,7 @@ def normalize_answer(s: str) -> tuple[str, bool]:
         s = unit.group(1)
     if _THOUSANDS.match(s):
         s = s.replace(",", "")
-    return "".join(s.split()), percent
+    return "".join(s.split())
 
 
 def _as_number(s: str) -> tuple[Fraction, bool] | None:
@@ -149,8 +155,7 @@ def fast_verdict(pred: str, gold: str) -> Verdict | None:
         return plain
     if len(pred) > MAX_ANSWER_CHARS or pred.count("{") != pred.count("}"):
         return Verdict(False, "rejected")
-    norm_pred, pred_percent = normalize_answer(pred)
-    norm_gold, gold_percent = normalize_answer(gold)
+    norm_pred, norm_gold = normalize_answer(pred), normalize_answer(gold)
     if not norm_pred:
         return Verdict(False, "rejected")
     if norm_pred == norm_gold:
@@ -165,20 +170,16 @@ def fast_verdict(pred: str, gold: str) -> Verdict | None:
         pred_base = _BASE_NUMERAL.match(norm_pred.upper())
         same_digits = (pred_base.group(1) if pred_base else norm_pred).casefold() == gold_base.group(1).casefold()
         return Verdict(same_digits and (pred_base is None or pred_base.group(2) == gold_base.group(2)), "exact")
-    return _numeric_verdict(_as_number(norm_pred), _as_number(norm_gold), pred_percent != gold_percent)
+    return _numeric_verdict(_as_number(norm_pred), _as_number(norm_gold))
 
 
-def _numeric_verdict(
-    pred: tuple[Fraction, bool] | None, gold: tuple[Fraction, bool] | None, percent_mismatch: bool = False
-) -> Verdict | None:
+def _numeric_verdict(pred: tuple[Fraction, bool] | None, gold: tuple[Fraction, bool] | None) -> Verdict | None:
     """Exact comparison of two plain numbers; None when either is not one, or when rounding may matter."""
     if pred is None or gold is None:
         return None
     (p, p_decimal), (g, g_decimal) = pred, gold
     if p == g:
         return Verdict(True, "numeric")
-    if percent_mismatch:
-        return None  # "25\%" against "0.25": math-verify knows percentages
     if p_decimal != g_decimal and not _terminates(g if p_decimal else p):
         return None  # a rounded decimal against 1/3: math-verify compares to 6 places
     return Verdict(False, "numeric")

@@ -49,11 +49,20 @@ def serve() -> None:
         from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
         config = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
+        latex, expression = config[:1], config[1:]
+
+        def read_whole(pred: str) -> list[Any]:
+            """The answer as LaTeX, else as a plain expression only if that reads all of it: math-verify's own
+            fallback reads the last number of a text it cannot parse (`42 \\sim 43` as 43), a hedge that pays."""
+            parsed = parse("\\boxed{" + pred + "}", extraction_config=latex, parsing_timeout=None)
+            if any(not isinstance(item, str) for item in parsed):
+                return parsed
+            plain = parse(pred, extraction_config=expression, parsing_timeout=None)
+            return plain if plain and plain[-1].strip() == pred.strip() else parsed
 
         def equal(pred: str, gold: str) -> bool:
             gold_parsed = parse("\\boxed{" + gold + "}", extraction_config=config, parsing_timeout=None)
-            pred_parsed = parse("\\boxed{" + pred + "}", extraction_config=config, parsing_timeout=None)
-            return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
+            return bool(verify(gold_parsed, read_whole(pred), timeout_seconds=None))
 
         for pred, gold in _WARM_UP:
             equal(pred, gold)

@@ -11,8 +11,10 @@ private to the sandbox, so they are refused with a `SandboxError` that says so, 
 Model code run here is an adversary, so the server guards itself: a bearer token on every call but the ping
 (`Authorization: Bearer <token>`, or HTTP Basic auth with the token as password, which is what clients that cannot
 set headers send for a URL like `http://retool:<token>@127.0.0.1:8080`), 127.0.0.1 or a mode-0600 unix socket by
-default, a read timeout against slow clients, and a bound on the bytes of all request bodies in flight together; before
-a connection authenticates, a short header timeout, caps on head bytes and on connections (see `FusionServer`).
+default, a read timeout against slow clients, a body timeout, a bound on the bytes of request bodies held at once (all
+together, and per address); before a connection authenticates, a short header timeout, caps on head bytes and on
+connections (see `FusionServer`). A signed request runs once: its nonce is claimed in a `NonceStore` on disk,
+shared by the workers of `serve --workers N` and kept across restarts.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ import math
 import os
 import resource
 import secrets
+import stat
+import tempfile
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -50,12 +54,14 @@ _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found"
 MAX_BODY = 64 << 20
 MAX_INFLIGHT_BYTES = 256 << 20
 READ_TIMEOUT = 30.0
+BODY_TIMEOUT = 10.0  # seconds for a whole body once its head is in: 64 MiB at 6.7 MB/s; code bodies are KBs
 HEADER_TIMEOUT = 10.0
 MAX_LINE = 8 << 10  # bytes of the request line, and of any one header line
 MAX_HEAD = 32 << 10  # bytes of the request line and all headers together
 MAX_CONNECTIONS = 1024
 MAX_CONNECTIONS_PER_PEER = 256  # not yet authenticated, from one address
 _MAX_HEADERS = 100
+_BODY_CHUNK = 1 << 20
 
 
 def to_fusion_response(result: ExecResult) -> dict[str, Any]:
@@ -186,6 +192,72 @@ def _presented_token(authorization: str) -> str:
     return ""
 
 
+def default_nonce_dir(token: bytes) -> str:
+    """One directory per token and user on this machine (named by an HMAC: it reveals nothing of the token), so the
+    workers of a server, and the server after a restart, find the same store."""
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    store = hmac.new(token, b"retool-nonce-store", hashlib.sha256).hexdigest()[:16]
+    return os.path.join(base, f"retool-sandbox-nonces-{os.geteuid()}-{store}")
+
+
+class NonceStore:
+    """The nonces of signed requests already run, one empty file each (`O_EXCL` makes a claim atomic across
+    processes), kept `2 * CLOCK_SKEW` seconds: as long as a request stamped with it could still be fresh.
+
+    A store records when it was made (`.since`): a request stamped before that is refused, so a store that was lost
+    (a reboot cleared /tmp) never lets a capture from before it run again.
+    """
+
+    def __init__(self, directory: str, ttl: float = 2 * CLOCK_SKEW) -> None:
+        self.directory, self.ttl = directory, ttl
+        self._since = self._open()
+        self._next_sweep = 0.0
+
+    def _open(self) -> float:
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        info = os.lstat(self.directory)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
+            raise PermissionError(f"the nonce store {self.directory} must be a directory of uid {os.geteuid()} with "
+                                  "mode 0700 (another user could replay or block signed requests); remove it or "
+                                  "pass another nonce_dir")
+        since, draft = os.path.join(self.directory, ".since"), os.path.join(self.directory, f".since.{os.getpid()}")
+        with open(draft, "w") as f:
+            f.write(repr(time.time()))
+        with contextlib.suppress(FileExistsError):
+            os.link(draft, since)  # atomic: the workers starting together all read the first one's time
+        os.unlink(draft)
+        with open(since) as f:
+            return float(f.read())
+
+    def claim(self, nonce: str, stamp: float) -> bool:
+        """Whether a request with this nonce and time may run: stamped after the store began, and the nonce's first
+        claim by any process sharing the store. Fails closed when the store cannot be written."""
+        now = time.time()
+        if now >= self._next_sweep:
+            self._sweep(now)
+        if stamp < self._since:
+            return False
+        path = os.path.join(self.directory, hashlib.sha256(nonce.encode()).hexdigest()[:32])
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileNotFoundError:  # the store was removed: begin a new one, which refuses what came before
+            with contextlib.suppress(OSError):
+                self._since = self._open()
+            return False
+        except OSError:  # FileExistsError: a replay; anything else: no record, so no run
+            return False
+        return True
+
+    def _sweep(self, now: float) -> None:
+        """Forget nonces past their time (any process's: one left by a process that died included)."""
+        self._next_sweep = now + self.ttl / 4
+        with contextlib.suppress(OSError), os.scandir(self.directory) as entries:
+            for entry in entries:
+                with contextlib.suppress(OSError):
+                    if not entry.name.startswith(".") and entry.stat().st_mtime + self.ttl < now:
+                        os.unlink(entry.path)
+
+
 class _HTTPError(Exception):
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
@@ -214,8 +286,12 @@ class FusionServer:
     line and headers, at most `MAX_LINE` bytes a line and `MAX_HEAD` in all), at most `max_connections_per_peer`
     such connections from one address, and when `max_connections` are open a new one closes the oldest
     unauthenticated one (so idle connections never lock out a caller with the token). The open-file limit is raised
-    at `start()` to fit. `read_timeout` bounds an authenticated connection's idle wait and a body's arrival;
-    `max_inflight_bytes` bounds the request bodies held at once (413 for one body over `max_body`, 503 while full).
+    at `start()` to fit. `read_timeout` bounds an authenticated connection's idle wait, `body_timeout` (at most
+    `read_timeout`) a body's arrival. `max_inflight_bytes` bounds the body bytes held at once, counted as they
+    arrive (a declared length reserves nothing, so bodies that never come hold nothing), and one address holds at
+    most `max_inflight_bytes_per_peer` of them (default: a quarter, at least `max_body`): 413 for one body over
+    `max_body`, 503 when a bound is reached. Signed requests' nonces go to a `NonceStore` in `nonce_dir` (default:
+    `default_nonce_dir(token)`, which every server with this token on this machine shares).
     """
 
     def __init__(
@@ -233,6 +309,9 @@ class FusionServer:
         max_connections: int = MAX_CONNECTIONS,
         max_connections_per_peer: int = MAX_CONNECTIONS_PER_PEER,
         reuse_port: bool = False,
+        body_timeout: float = BODY_TIMEOUT,
+        max_inflight_bytes_per_peer: int | None = None,
+        nonce_dir: str | None = None,
     ) -> None:
         if token is None and unix_socket is None and not is_loopback(host):
             raise ValueError(f"refusing to serve without a token on {host}: anyone who reaches it could run code; "
@@ -242,14 +321,18 @@ class FusionServer:
         self.sandbox, self.host, self.port, self.unix_socket = sandbox, host, port, unix_socket
         self._token = None if token is None else token.encode()
         self.read_timeout, self.header_timeout = read_timeout, header_timeout
+        self.body_timeout = min(body_timeout, read_timeout)
         self.max_body, self.max_inflight_bytes = max_body, max_inflight_bytes
+        self.max_inflight_bytes_per_peer = (max(max_body, max_inflight_bytes // 4)
+                                            if max_inflight_bytes_per_peer is None else max_inflight_bytes_per_peer)
         self.max_connections, self.max_connections_per_peer = max_connections, max_connections_per_peer
         self._inflight_bytes = 0
+        self._inflight_per_peer: dict[str, int] = {}
         self._open = 0  # connections counted against max_connections
         self._waiting: OrderedDict[_Connection, None] = OrderedDict()  # not yet authenticated, oldest first
         self._per_peer: dict[str, int] = {}
         self._live: set[_Connection] = set()
-        self._nonces: OrderedDict[str, float] = OrderedDict()  # signed requests seen, until they expire
+        self._nonces = None if self._token is None else NonceStore(nonce_dir or default_nonce_dir(self._token))
         self.reuse_port = reuse_port  # several worker processes on one port, the kernel spreading connections
         self._server: asyncio.base_events.Server | None = None
 
@@ -371,7 +454,7 @@ class FusionServer:
     async def _request(self, connection: _Connection, request_line: bytes, reader: asyncio.StreamReader,
                        writer: asyncio.StreamWriter) -> bool:
         """Read, route and answer one request; returns whether the connection stays open."""
-        reserved = 0
+        held = [0]  # body bytes this request holds, released when it ends
         try:
             try:
                 method, path, headers = await asyncio.wait_for(self._read_head(request_line, reader),
@@ -387,13 +470,12 @@ class FusionServer:
                                           "as http://retool:<token>@host:port")
                 self._authenticated(connection)
                 length = self._content_length(method, headers)
-                if self._inflight_bytes + length > self.max_inflight_bytes:
-                    raise _HTTPError(503, "the server holds as many request bytes as it may; retry shortly")
-                self._inflight_bytes += length
-                reserved = length
                 if headers.get("expect", "").lower() == "100-continue":
                     writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-                body = await asyncio.wait_for(reader.readexactly(length), self.read_timeout) if length else b""
+                body = b""
+                if length:
+                    body = await asyncio.wait_for(self._read_body(connection.peer, reader, length, held),
+                                                  self.body_timeout)
                 if signed is not None and not hmac.compare_digest(hashlib.sha256(body).hexdigest(), signed[1]):
                     raise _HTTPError(401, f"the body does not match the SHA-256 signed in {AUTH_HEADER}")
             except asyncio.TimeoutError:
@@ -412,7 +494,30 @@ class FusionServer:
             await self._respond(writer, code, payload, keep_alive, nonce=signed[0] if signed else None)
             return keep_alive
         finally:
-            self._inflight_bytes -= reserved
+            self._hold(connection.peer, -held[0])
+
+    async def _read_body(self, peer: str, reader: asyncio.StreamReader, length: int, held: list[int]) -> bytes:
+        """The body, its bytes counted as they arrive: 503 when they would pass the server's bound or the peer's."""
+        chunks: list[bytes] = []
+        while held[0] < length:
+            chunk = await reader.read(min(length - held[0], _BODY_CHUNK))
+            if not chunk:
+                raise asyncio.IncompleteReadError(b"", length)
+            if (self._inflight_bytes + len(chunk) > self.max_inflight_bytes
+                    or self._inflight_per_peer.get(peer, 0) + len(chunk) > self.max_inflight_bytes_per_peer):
+                raise _HTTPError(503, "the server holds as many request bytes as it may; retry shortly")
+            self._hold(peer, len(chunk))
+            held[0] += len(chunk)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _hold(self, peer: str, size: int) -> None:
+        self._inflight_bytes += size
+        total = self._inflight_per_peer.get(peer, 0) + size
+        if total:
+            self._inflight_per_peer[peer] = total
+        else:
+            self._inflight_per_peer.pop(peer, None)
 
     async def _read_head(self, request_line: bytes, reader: asyncio.StreamReader) -> tuple[str, str, dict[str, str]]:
         parts = request_line.decode("latin-1").split()
@@ -439,14 +544,12 @@ class FusionServer:
             age = abs(time.time() - float(stamp))
         except ValueError:
             return None
-        if not (nonce and digest and age <= CLOCK_SKEW) or nonce in self._nonces:
+        if not (nonce and digest and age <= CLOCK_SKEW):
             return None
         if not hmac.compare_digest(request_mac(self._token, nonce, stamp, method, path, digest), mac):
             return None
-        now = time.monotonic()
-        while self._nonces and next(iter(self._nonces.values())) < now:
-            self._nonces.popitem(last=False)
-        self._nonces[nonce] = now + 2 * CLOCK_SKEW  # a replay of this request is refused while it could be fresh
+        if self._nonces is None or not self._nonces.claim(nonce, float(stamp)):
+            return None  # a replay: here, on another worker, or before a restart
         return nonce, digest
 
     def _authorized(self, headers: dict[str, str]) -> bool:
@@ -518,6 +621,7 @@ async def serve(
     echo: bool = False,
     read_timeout: float = READ_TIMEOUT,
     max_inflight_bytes: int = MAX_INFLIGHT_BYTES,
+    nonce_dir: str | None = None,
     worker: tuple[int, int] = (0, 1),
     **sandbox_kwargs: Any,
 ) -> None:
@@ -528,7 +632,7 @@ async def serve(
     index, count = worker
     async with LocalSandbox(echo=echo, **sandbox_kwargs) as sandbox:
         server = FusionServer(sandbox, host, port, token=token, unix_socket=unix_socket, read_timeout=read_timeout,
-                              max_inflight_bytes=max_inflight_bytes, reuse_port=count > 1)
+                              max_inflight_bytes=max_inflight_bytes, reuse_port=count > 1, nonce_dir=nonce_dir)
         await server.start()
         if index:  # the first worker speaks for all
             await server.serve_forever()
