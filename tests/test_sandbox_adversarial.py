@@ -569,7 +569,9 @@ def test_a_thread_cannot_write_the_heads_reports(env):
         return forger, failing, after
 
     forger, failing, after = asyncio.run(main())
-    assert forger.status == "error" and "thread(s) running" in forger.note, forger
+    # Mostly the server finds the thread; under load the thread may first take the head's own messages, and the
+    # head, its loop broken, exits: an `error` as well. Never `ok` or `killed`, and the state is rolled back.
+    assert forger.status == "error" and ("thread(s) running" in forger.note or forger.exit_code == 70), forger
     assert failing.status == "error" and "ZeroDivisionError" in failing.stderr, failing
     assert (after.status, after.stdout) == ("ok", "1 False\n"), after
 
