@@ -45,7 +45,9 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'retool_env' has no attribute {name!r}")
 
 
-# DAPO-Math-17k, the ReTool recipe's RL data (needs the dataset locally when offline: pass dataset=path).
-register(id="ReTool-Math-v0", entry_point="retool_env.env:ToolEnvironment", kwargs={"dataset": "dapo"})
+# DAPO-Math-17k, the ReTool recipe's RL data (needs the dataset locally when offline: pass dataset=path); with no
+# tokenizer and no dataset, Qwen's vocabulary rebuilt offline and the packaged `math-sample` (retool_env.defaults).
+register(id="ReTool-Math-v0", entry_point="retool_env.defaults:make_env_with_defaults",
+         kwargs={"default_dataset": "dapo"})
 # Procedural arithmetic where running code beats mental arithmetic; offline, for tests and the miniature.
-register(id="ReTool-Arith-v0", entry_point="retool_env.env:ToolEnvironment", kwargs={"dataset": "arith"})
+register(id="ReTool-Arith-v0", entry_point="retool_env.defaults:make_env_with_defaults", kwargs={"dataset": "arith"})
