@@ -29,6 +29,7 @@ _EXPORTS = {
     "run_episode": "retool_env.rollout",
     "run_episodes": "retool_env.rollout",
     # Extension points (docs/extending.md): what a generation backend, a template or a prompt reader builds on.
+    "EpisodeAborted": "retool_env.rollout",
     "Generation": "retool_env.rollout",
     "Generator": "retool_env.rollout",
     "SamplingParams": "retool_env.rollout",
