@@ -24,6 +24,7 @@ MOVED = {
     "retool_adapters.trl_callbacks": "retool_adapters.trl.callbacks",
     "retool_adapters.trl_testing": "retool_adapters.trl.testing",
     "retool_env.data.coldstart": "retool_env.coldstart",
+    "retool_adapters.generators._common": "retool_adapters.generators.base",
 }
 
 
