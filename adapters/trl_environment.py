@@ -1,4 +1,4 @@
-"""Moved to `retool_adapters.trl.environment`: the old path imports, with a DeprecationWarning, until the next release."""
+"""Moved to `retool_adapters.trl.environment`; imports with a DeprecationWarning until the next release."""
 
 from retool_env.moved_modules import alias_moved_module
 
