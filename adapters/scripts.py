@@ -184,6 +184,23 @@ def load_tokenizer(name: str, **kwargs: Any):
                          f"pass a local folder, or fetch it first on a machine with access: hf download {name}") from exc
 
 
+def load_policy(model_args: Any, training_args: Any) -> Any:
+    """The tokenizer of the model the script trains, and the model's loading settings in the trainer's
+    `model_init_kwargs`; without a model, a tiny random Qwen2 built offline (seconds), so the script runs anywhere."""
+    if model_args.model_name_or_path is None:
+        from retool_adapters.offline_models import build_tiny_qwen
+
+        model_args.model_name_or_path = str(build_tiny_qwen(Path(training_args.output_dir) / "tiny-model"))
+    tokenizer = load_tokenizer(model_args.model_name_or_path, revision=model_args.model_revision)
+    training_args.model_init_kwargs = {
+        "revision": model_args.model_revision,
+        "attn_implementation": model_args.attn_implementation,
+        "dtype": model_args.dtype,
+        **(training_args.model_init_kwargs or {}),
+    }
+    return tokenizer
+
+
 def _display(path: Path) -> str:
     """A path relative to the working directory when it is inside it (the repository root, usually)."""
     try:

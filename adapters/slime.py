@@ -67,7 +67,7 @@ import json
 import math
 import random
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -82,7 +82,13 @@ from retool_env.rollout import EpisodeAborted, Generation, SamplingParams, deriv
 from retool_env.tokens import load_tokenizer
 from retool_env.trajectory import Trajectory
 
-from .generators.base import DEFAULT_SAMPLING, LogprobsMismatchError, TurnGenerator, sampling_from_mapping
+from .generators.base import (
+    DEFAULT_SAMPLING,
+    LogprobsMismatchError,
+    TurnGenerator,
+    sampling_from_mapping,
+    spent_budget_turn,
+)
 from .generators.openai_completions import OpenAICompletionsGenerator
 
 __all__ = ["SGLangGenerator", "VLLMRouterGenerator", "drop_aborted_groups", "fill_sample", "fill_samples", "generate",
@@ -101,7 +107,13 @@ def _finish(reason: Any) -> str:
 
 
 class _EngineClient(OpenAICompletionsGenerator):
-    """A router client whose `request` also returns the engine's `meta_info`; `generate` keeps the turn only."""
+    """A router client whose `request` also returns the engine's `meta_info`; `generate` keeps the turn only.
+    Subclasses name the engine's own keys and send the request body (`_send`)."""
+
+    max_tokens_key = "max_tokens"
+    seed_key = "seed"
+    # The engine's params that return every sampled token, a stop string's too.
+    keep_every_token: ClassVar[Mapping[str, Any]] = {}
 
     async def _generate(
         self, prompt_ids: list[int], max_tokens: int, stop_token_ids: list[int], stop: list[str],
@@ -113,6 +125,19 @@ class _EngineClient(OpenAICompletionsGenerator):
     async def request(self, prompt_ids: Sequence[int], *, max_tokens: int, stop_token_ids: Sequence[int] = (),
                       stop: Sequence[str] = (), sampling: SamplingParams = DEFAULT_SAMPLING,
                       extra_params: Mapping[str, Any] | None = None) -> tuple[Generation, dict[str, Any]]:
+        """One turn and the engine's `meta_info`; `extra_params` ride along in `sampling_params` (custom params)."""
+        if max_tokens <= 0:
+            return spent_budget_turn(), {}
+        params: dict[str, Any] = {
+            **(extra_params or {}),
+            self.max_tokens_key: max_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p,
+            "top_k": sampling.top_k, "stop": list(stop), "stop_token_ids": list(stop_token_ids),
+            "skip_special_tokens": False, **self.keep_every_token,
+            **({self.seed_key: sampling.seed} if sampling.seed is not None else {}),
+        }
+        return await self._send(list(prompt_ids), params)
+
+    async def _send(self, prompt_ids: list[int], params: dict[str, Any]) -> tuple[Generation, dict[str, Any]]:
         raise NotImplementedError
 
 
@@ -122,31 +147,16 @@ class SGLangGenerator(_EngineClient):
     `no_stop_trim` keeps a stop string's tokens in the output, so the returned ids are everything sampled.
     """
 
+    max_tokens_key = "max_new_tokens"
+    seed_key = "sampling_seed"
+    keep_every_token: ClassVar[Mapping[str, Any]] = {"no_stop_trim": True, "spaces_between_special_tokens": False}
+
     def __init__(self, base_url: str, **kwargs: Any) -> None:
         super().__init__(base_url, model="", **kwargs)
         self.url = base_url.rstrip("/") + "/generate"
 
-    async def request(
-        self,
-        prompt_ids: Sequence[int],
-        *,
-        max_tokens: int,
-        stop_token_ids: Sequence[int] = (),
-        stop: Sequence[str] = (),
-        sampling: SamplingParams = DEFAULT_SAMPLING,
-        extra_params: Mapping[str, Any] | None = None,
-    ) -> tuple[Generation, dict[str, Any]]:
-        """One turn and the engine's `meta_info`; `extra_params` ride along in `sampling_params` (custom params)."""
-        if max_tokens <= 0:
-            return Generation(token_ids=[], logprobs=[], finish_reason="length"), {}
-        params: dict[str, Any] = {
-            **(extra_params or {}),
-            "max_new_tokens": max_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p,
-            "top_k": sampling.top_k, "stop": list(stop), "stop_token_ids": list(stop_token_ids),
-            "no_stop_trim": True, "skip_special_tokens": False, "spaces_between_special_tokens": False,
-            **({"sampling_seed": sampling.seed} if sampling.seed is not None else {}),
-        }
-        body = await self._post({"input_ids": list(prompt_ids), "sampling_params": params, "return_logprob": True,
+    async def _send(self, prompt_ids: list[int], params: dict[str, Any]) -> tuple[Generation, dict[str, Any]]:
+        body = await self._post({"input_ids": prompt_ids, "sampling_params": params, "return_logprob": True,
                                  **self.extra_body})
         return parse_sglang_output(body), dict(body.get("meta_info") or {})
 
@@ -168,34 +178,18 @@ def parse_sglang_output(body: Mapping[str, Any]) -> Generation:
 
 
 class VLLMRouterGenerator(_EngineClient):
-    """vLLM's token-in/token-out `/inference/v1/generate` (vime's router), with `model` as vime sends it."""
+    """vLLM's token-in/token-out `/inference/v1/generate` (vime's router), with `model` as vime sends it; the
+    `meta_info` it returns is in SGLang's shape, from the choice and `usage` (as vime builds it)."""
+
+    keep_every_token: ClassVar[Mapping[str, Any]] = {"include_stop_str_in_output": True, "logprobs": 0}
 
     def __init__(self, base_url: str, model: str | None = None, **kwargs: Any) -> None:
         super().__init__(base_url, model=model or "", **kwargs)
         self.url = base_url.rstrip("/") + "/inference/v1/generate"
         self.model = model or ""  # sent only when given
 
-    async def request(
-        self,
-        prompt_ids: Sequence[int],
-        *,
-        max_tokens: int,
-        stop_token_ids: Sequence[int] = (),
-        stop: Sequence[str] = (),
-        sampling: SamplingParams = DEFAULT_SAMPLING,
-        extra_params: Mapping[str, Any] | None = None,
-    ) -> tuple[Generation, dict[str, Any]]:
-        """One turn and a `meta_info` in SGLang's shape, from the choice and `usage` (as vime builds it)."""
-        if max_tokens <= 0:
-            return Generation(token_ids=[], logprobs=[], finish_reason="length"), {}
-        params: dict[str, Any] = {
-            **(extra_params or {}),
-            "max_tokens": max_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p,
-            "top_k": sampling.top_k, "stop": list(stop), "stop_token_ids": list(stop_token_ids),
-            "include_stop_str_in_output": True, "skip_special_tokens": False, "logprobs": 0,
-            **({"seed": sampling.seed} if sampling.seed is not None else {}),
-        }
-        payload = {"token_ids": list(prompt_ids), "sampling_params": params, **self.extra_body}
+    async def _send(self, prompt_ids: list[int], params: dict[str, Any]) -> tuple[Generation, dict[str, Any]]:
+        payload = {"token_ids": prompt_ids, "sampling_params": params, **self.extra_body}
         if self.model:
             payload["model"] = self.model
         body = await self._post(payload)

@@ -172,14 +172,14 @@ def dialect_rows(base, dialects: list[str], sizes: tuple[int, ...], repeats: int
 
 
 def _code() -> str:
-    """Which checkout ran (side-by-side runs put another one first on PYTHONPATH)."""
+    """The commit that ran (side-by-side runs put another checkout first on PYTHONPATH); no machine path."""
     import subprocess
 
     import retool_env
 
     root = Path(retool_env.__file__).resolve().parent.parent
     head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return f"{root} {head.stdout.strip()}"
+    return head.stdout.strip()
 
 
 def main() -> None:

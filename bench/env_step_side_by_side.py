@@ -93,7 +93,9 @@ def main() -> None:
             print(f"{dialect:<12} {kind:<13} {r['tokens']:>4} baseline {base:8.0f} us ({r['baseline_share_pct']:.1f}%)  "
                   f"this {this:8.0f} us ({r['this_share_pct']:.1f}%)", flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"baseline": args.baseline, "rounds": args.rounds, "steps_per_batch": 20,
+    baseline = subprocess.run(["git", "-C", args.baseline, "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True).stdout.strip()  # the commit, not the machine's path to it
+    Path(args.out).write_text(json.dumps({"baseline": baseline, "rounds": args.rounds, "steps_per_batch": 20,
                                           "rows": rows}, indent=2))
 
 

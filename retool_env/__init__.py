@@ -29,6 +29,7 @@ _EXPORTS = {
     "run_episode": "retool_env.rollout",
     "run_episodes": "retool_env.rollout",
     # Extension points (docs/extending.md): what a generation backend, a template or a prompt reader builds on.
+    "EpisodeAborted": "retool_env.rollout",
     "Generation": "retool_env.rollout",
     "Generator": "retool_env.rollout",
     "SamplingParams": "retool_env.rollout",
@@ -45,7 +46,9 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'retool_env' has no attribute {name!r}")
 
 
-# DAPO-Math-17k, the ReTool recipe's RL data (needs the dataset locally when offline: pass dataset=path).
-register(id="ReTool-Math-v0", entry_point="retool_env.env:ToolEnvironment", kwargs={"dataset": "dapo"})
+# DAPO-Math-17k, the ReTool recipe's RL data (needs the dataset locally when offline: pass dataset=path); with no
+# tokenizer and no dataset, Qwen's vocabulary rebuilt offline and the packaged `math-sample` (retool_env.defaults).
+register(id="ReTool-Math-v0", entry_point="retool_env.defaults:make_env_with_defaults",
+         kwargs={"default_dataset": "dapo"})
 # Procedural arithmetic where running code beats mental arithmetic; offline, for tests and the miniature.
-register(id="ReTool-Arith-v0", entry_point="retool_env.env:ToolEnvironment", kwargs={"dataset": "arith"})
+register(id="ReTool-Arith-v0", entry_point="retool_env.defaults:make_env_with_defaults", kwargs={"dataset": "arith"})

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 stamp=.venv/.retool-env-installed
 want=$(cat pyproject.toml constraints.txt scripts/install.sh | sha256sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
-[ -x .venv/bin/python ] || python3 -m venv .venv
+mkdir -p .venv  # the log lives in it; venv_bootstrap fills it
 source scripts/install.sh
 # Quiet unless something fails: pip's output goes to a log, whose tail is shown on failure.
 log=.venv/setup.log

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv-frameworks: the project plus the RL frameworks its adapters plug into (verl with its v1 trainer's
-# transferqueue, SkyRL-gym, OpenEnv), for tests/test_adapter_*.py. A separate venv because verl declares
+# transferqueue, SkyRL-gym, OpenEnv, OpenRLHF, GEM, NeMo-Gym, verifiers), for tests/test_adapter_*.py. A separate venv because verl declares
 # transformers<5.11 while the project needs >=5.19:
 # verl goes in with --no-deps plus what `verl.experimental.agent_loop` imports, and its agent loop runs on 5.24.
 # slime is not on PyPI (its tests use a stand-in of its Sample). Idempotent: re-runs only when pyproject.toml,

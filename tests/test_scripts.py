@@ -109,3 +109,34 @@ def test_progress_in_a_log_file_is_short_lines():
     lines = log.getvalue().splitlines()
     assert 1 <= len(lines) <= 5 and "\r" not in log.getvalue() and lines[-1].startswith("episodes: 100%")
     assert max(map(len, lines)) <= 100
+
+
+SETUP_SCRIPTS = sorted((ROOT / "scripts").glob("setup*.sh"))
+
+
+def bootstrap(venv: Path) -> subprocess.CompletedProcess:
+    """`venv_bootstrap` of scripts/install.sh on `venv`, with the real uv linked in (so no index is needed)."""
+    (venv / "bin" / "uv").symlink_to(Path(sys.executable).with_name("uv"))
+    return subprocess.run(["bash", "-euc", 'source scripts/install.sh; venv_bootstrap "$1"', "_", str(venv)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_setup_repairs_a_venv_that_an_interrupted_venv_creation_left_without_pip(tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run(["python3", "-m", "venv", "--without-pip", str(venv)], check=True)  # Ctrl-C before ensurepip
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    (site / "installed_before.py").write_text("")
+    out = bootstrap(venv)
+    assert out.returncode == 0, out.stderr
+    check = subprocess.run([str(venv / "bin" / "python"), "-c", "import pip, installed_before"],
+                           capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr  # pip back, and what was installed kept
+
+
+@pytest.mark.parametrize("script", SETUP_SCRIPTS, ids=lambda p: p.name)
+def test_every_setup_script_bootstraps_its_venv_before_installing(script):
+    lines = [line.split("#")[0] for line in script.read_text().splitlines()]
+    uses = [i for i, line in enumerate(lines) if "venv_install" in line or "pip install" in line]
+    bootstraps = [i for i, line in enumerate(lines) if "venv_bootstrap" in line]
+    assert "source scripts/install.sh" in lines and bootstraps and uses and bootstraps[0] < uses[0]
+    assert not any("python3 -m venv" in line for line in lines)  # venv_bootstrap creates and repairs it

@@ -66,23 +66,13 @@ def main(env_args: EnvArguments, training_args, model_args) -> None:
     # Heavy imports here, so that `--help` is instant.
     from trl import GRPOTrainer, get_peft_config, get_quantization_config
 
-    from retool_adapters.scripts import load_tokenizer
+    from retool_adapters.scripts import load_policy
     from retool_adapters.trl import REWARD_FUNCS, REWARD_WEIGHTS, ReToolRollout, problems_to_dataset
     from retool_adapters.trl.callbacks import SkipStepsWithoutSignal
     from retool_env.data import load_problems
 
     # 1. The policy. Without a model, build a tiny random Qwen2 (offline, seconds) so the script runs anywhere.
-    if model_args.model_name_or_path is None:
-        from retool_adapters.offline_models import build_tiny_qwen
-
-        model_args.model_name_or_path = str(build_tiny_qwen(Path(training_args.output_dir) / "tiny-model"))
-    tokenizer = load_tokenizer(model_args.model_name_or_path, revision=model_args.model_revision)
-    training_args.model_init_kwargs = {
-        "revision": model_args.model_revision,
-        "attn_implementation": model_args.attn_implementation,
-        "dtype": model_args.dtype,
-        **(training_args.model_init_kwargs or {}),
-    }
+    tokenizer = load_policy(model_args, training_args)
 
     # 2. The problems. TRL passes the rollout only the `prompt` column, the raw question it maps back to a problem.
     train_problems = load_problems(env_args.dataset, split=env_args.dataset_split, limit=env_args.dataset_limit)

@@ -80,20 +80,10 @@ def main(data_args: DataArguments, training_args, model_args) -> None:
     from datasets import Dataset
     from trl import SFTTrainer, get_peft_config, get_quantization_config
 
-    from retool_adapters.scripts import load_tokenizer
+    from retool_adapters.scripts import load_policy
 
     # 1. The model. Without one, build a tiny random Qwen2 (offline, seconds) so the script runs anywhere.
-    if model_args.model_name_or_path is None:
-        from retool_adapters.offline_models import build_tiny_qwen
-
-        model_args.model_name_or_path = str(build_tiny_qwen(Path(training_args.output_dir) / "tiny-model"))
-    tokenizer = load_tokenizer(model_args.model_name_or_path, revision=model_args.model_revision)
-    training_args.model_init_kwargs = {
-        "revision": model_args.model_revision,
-        "attn_implementation": model_args.attn_implementation,
-        "dtype": model_args.dtype,
-        **(training_args.model_init_kwargs or {}),
-    }
+    tokenizer = load_policy(model_args, training_args)
 
     # 2. The data: solutions replayed through the environment; tokens and loss mask are those of an RL trajectory.
     rows = coldstart_rows(data_args, tokenizer)

@@ -1,4 +1,5 @@
-"""The old name of `retool_adapters.generators.base`, kept importable."""
+"""Moved to `retool_adapters.generators.base`; imports with a DeprecationWarning until the next release."""
 
-from .base import *  # noqa: F403
-from .base import __all__  # noqa: F401
+from retool_env.moved_modules import alias_moved_module
+
+alias_moved_module(__name__, "retool_adapters.generators.base")

@@ -44,9 +44,14 @@ def sampling_from_mapping(sampling_params: Mapping[str, Any]) -> SamplingParams:
                           seed=None if seed is None else int(seed))
 
 
+def spent_budget_turn() -> Generation:
+    """The turn of a spent token budget, answered without a request: engines reject `max_tokens=0`."""
+    return Generation(token_ids=[], logprobs=[], finish_reason="length")
+
+
 class TurnGenerator(abc.ABC):
-    """The `Generator` protocol's `generate`, once: no request when the turn's budget is spent (engines reject
-    `max_tokens=0`), plain lists for the backend's `_generate`."""
+    """The `Generator` protocol's `generate`, once: no request when the turn's budget is spent
+    (`spent_budget_turn`), plain lists for the backend's `_generate`."""
 
     async def generate(
         self,
@@ -58,7 +63,7 @@ class TurnGenerator(abc.ABC):
         sampling: SamplingParams = DEFAULT_SAMPLING,
     ) -> Generation:
         if max_tokens <= 0:
-            return Generation(token_ids=[], logprobs=[], finish_reason="length")
+            return spent_budget_turn()
         return await self._generate(list(prompt_ids), max_tokens, list(stop_token_ids), list(stop), sampling)
 
     @abc.abstractmethod

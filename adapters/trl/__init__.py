@@ -5,7 +5,8 @@
 - `environment`: `CodeInterpreterEnvironment`, for TRL's own tool loop (`environment_factory`);
 - `async_worker`: `ReToolRolloutWorker`, for TRL's `AsyncGRPOTrainer`;
 - `callbacks`: `SkipStepsWithoutSignal`;
-- `testing`: a tiny tool-calling Qwen built offline, for tests and examples.
+- `testing`: a tiny tool-calling Qwen built offline, for tests and examples;
+- `internals`: the TRL internals the others read, with the TRL version they were checked against.
 
 The names below are the ones `from retool_adapters.trl import ...` has always given.
 """

@@ -34,6 +34,14 @@ from retool_adapters.chat_templates import training_env_kwargs
 from retool_adapters.trl.environment import CodeInterpreterEnvironment as CodeInterpreterEnvironment
 from retool_adapters.trl.environment import grade_final_answers as grade_final_answers
 from retool_adapters.trl.environment import run_sync
+from retool_adapters.trl.internals import (
+    distributed_backend,
+    engine_weights_asleep,
+    log_metric,
+    mark_engine_weights_asleep,
+    trainer_tokenizer,
+    warn_if_unchecked,
+)
 from retool_env.data import Problem
 from retool_env.filters import TrainingPlan, TrajectoryFilters, has_void_turn, roc_penalty, roc_select  # noqa: F401
 from retool_env.filters import group_indices as filters_group_indices
@@ -205,6 +213,7 @@ class ReToolRollout:
     # ------------------------------------------------------------------------------------------------ the call
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
         """Play one episode per prompt, in order, and return TRL's rollout fields plus the per-episode extras."""
+        warn_if_unchecked()
         problems = [self.problem_for(prompt) for prompt in prompts]
         make_env = self._env_factory(trainer)
         concurrency = max(1, min(self.concurrency, len(problems)))
@@ -228,13 +237,13 @@ class ReToolRollout:
         log_sandbox_metrics(trainer, self.env_kwargs.get("sandbox", "local"))
         if self.accuracy_filter is not None:
             filtered, groups = self.groups_outside_accuracy(trajectories, problems), {id(p) for p in problems}
-            trainer._log_metric("retool/filtered_groups", len(filtered) / len(groups))
+            log_metric(trainer, "retool/filtered_groups", len(filtered) / len(groups))
         plan = self.training_plan(trajectories, problems, roc_seed=roc_seed)
         if self.roc_down_sample is not None:
             roc_groups = group_indices(problems)
             rejected = sum(all("roc_equal_reward" in plan.filters[i] for i in group) for group in roc_groups.values())
-            trainer._log_metric("retool/roc_rejected_groups", rejected / len(roc_groups))
-            trainer._log_metric("retool/roc_dropped", sum("roc" in f for f in plan.filters) / len(trajectories))
+            log_metric(trainer, "retool/roc_rejected_groups", rejected / len(roc_groups))
+            log_metric(trainer, "retool/roc_dropped", sum("roc" in f for f in plan.filters) / len(trajectories))
         out = self.to_rollout_output(trajectories, problems, make_env, trl_end_tokens(trainer), plan=plan)
         if self.records_path is not None and trainer.model.training:
             self.write_records(trainer, trajectories, problems, out, plan, make_env, sampling.seed)
@@ -416,8 +425,7 @@ class TRLEndTokens:
 
 def trl_end_tokens(trainer: Any) -> TRLEndTokens:
     """The trainer's eos and pad tokens, as GRPOTrainer compares a completion's last token with them."""
-    tokenizer = getattr(trainer, "_tokenizer", None) or getattr(trainer.processing_class, "tokenizer",
-                                                                 trainer.processing_class)
+    tokenizer = trainer_tokenizer(trainer)
     end_ids = frozenset([*trainer.eos_token_ids, tokenizer.pad_token_id])
     marker = tokenizer.encode("\n", add_special_tokens=False)[-1:]
     if not marker or marker[0] in end_ids:
@@ -438,14 +446,14 @@ def _colocated_engine(trainer: Any) -> Iterator[Any]:
     if not vllm_generation.enable_sleep_mode:
         yield llm
         return
-    if vllm_generation._llm_weights_sleeping:  # sleep level 2 dropped the weights: push the policy's again
+    if engine_weights_asleep(vllm_generation):  # sleep level 2 dropped the weights: push the policy's again
         vllm_generation.sync_weights()
     llm.wake_up(tags=["kv_cache"])
     try:
         yield llm
     finally:
         llm.sleep(level=2)
-        vllm_generation._llm_weights_sleeping = True
+        mark_engine_weights_asleep(vllm_generation)
 
 
 @contextlib.contextmanager
@@ -456,7 +464,7 @@ def _policy_generator(trainer: Any, max_batch_size: int) -> Iterator[Generator]:
     from retool_adapters.generators import HFGenerator
 
     args = trainer.args
-    dist = getattr(trainer, "_dist", None)
+    dist = distributed_backend(trainer)
     with (
         unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
                                     gather_deepspeed3_params=args.ds3_gather_for_generation,
@@ -511,7 +519,7 @@ def log_episode_metrics(trainer: Any, trajectories: Sequence[Trajectory]) -> Non
     tool calls) once per batch, then over the logging steps, and logs them next to its own metrics."""
     for name, values in episode_metrics(trajectories).items():
         for value in values:
-            trainer._log_metric(name, value)
+            log_metric(trainer, name, value)
 
 
 def log_sandbox_metrics(trainer: Any, sandbox: Any) -> None:
@@ -521,7 +529,7 @@ def log_sandbox_metrics(trainer: Any, sandbox: Any) -> None:
     stats = getattr(shared_sandbox(sandbox) if isinstance(sandbox, str) else sandbox, "stats", None)
     for name, value in (stats() if stats else {}).items():
         if isinstance(value, (int, float)):
-            trainer._log_metric(f"retool/sandbox/{name}", value)
+            log_metric(trainer, f"retool/sandbox/{name}", value)
 
 
 # ----------------------------------------------------------------------------------------------- reward functions

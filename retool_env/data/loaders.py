@@ -69,6 +69,9 @@ HUB_DATASETS: dict[str, HubDataset] = {
                                    "variable"),
 }
 
+# Problem sets shipped in the package, loaded by short name without a hub.
+PACKAGED_DATASETS: dict[str, Path] = {"math-sample": Path(__file__).parent / "math_sample.jsonl"}
+
 # The evaluation benchmarks (short names of `HUB_DATASETS`), in the order reports list them.
 BENCHMARKS = ("aime24", "aime25", "aime26", "hmmt_feb25", "hmmt_nov25", "hmmt_feb26", "brumo25", "cmimc25",
               "beyondaime", "amobench", "math500")
@@ -80,7 +83,8 @@ class DatasetUnavailableError(ConnectionError):
 
 def load_problems(source: str | os.PathLike[str], split: str | None = None, limit: int | None = None, *,
                   repair_control_chars: bool = False) -> list[Problem]:
-    """Problems from a local file or folder, a short name ("dapo", "aime24", "aime25", "math500", "arith") or a Hub id.
+    """Problems from a local file or folder, a short name ("dapo", "aime24", "aime25", "math500", "arith",
+    "math-sample") or a Hub id.
 
     `split` picks the Hub split or, in a folder whose file names carry split names, those files; a single file (or a
     folder without split names) is one split, whatever `split` says. DAPO-style data is deduplicated by problem text
@@ -95,7 +99,7 @@ def load_problems(source: str | os.PathLike[str], split: str | None = None, limi
         from retool_env.data.arith import arith_split
 
         return arith_split(split or "train", limit)
-    path = Path(name).expanduser()
+    path = PACKAGED_DATASETS.get(name) or Path(name).expanduser()
     if path.exists():
         rows, hint = local_rows(path, split), _source_from_text("/".join(path.resolve().parts[-2:])) or path.stem
     elif name in HUB_DATASETS:
@@ -106,7 +110,7 @@ def load_problems(source: str | os.PathLike[str], split: str | None = None, limi
         rows, hint = hub_rows(known, split), _source_from_text(name) or name
     else:
         raise FileNotFoundError(f"{name!r} is not a file, a folder, or a known dataset "
-                                f"({', '.join(['arith', *HUB_DATASETS])}, or a Hub id like 'owner/name')")
+                                f"({', '.join(['arith', *PACKAGED_DATASETS, *HUB_DATASETS])}, or a Hub id like 'owner/name')")
     return _to_problems(rows, hint, limit, repair_control_chars)
 
 

@@ -1,0 +1,5 @@
+"""Moved to `retool_adapters.trl.environment`; imports with a DeprecationWarning until the next release."""
+
+from retool_env.moved_modules import alias_moved_module
+
+alias_moved_module(__name__, "retool_adapters.trl.environment")
