@@ -41,7 +41,7 @@ from retool_env.dialects import (
     tool_call_shape,
     tool_system_prompt,
 )
-from retool_env.reasoning import split_reasoning
+from retool_env.reasoning import THINK, CallBlocks, split_reasoning
 from retool_env.tokens import Tokenizer, encode_text, has_added_token_text
 from retool_env.tokens import clip_tokens as clip_tokens  # also importable from here
 from retool_env.tokens import decode as decode
@@ -111,6 +111,7 @@ class ParsedAction:
     in_call: bool = False
     text: str = ""  # the model's text of the turn, its end token excluded
     content: str = ""  # the text after the turn's reasoning block
+    thinking: bool = False  # the turn ends inside its reasoning (a think block opened, no `</think>` of its own)
     end_text: str | None = None  # the text of the end token (and closing tokens) after `text`; None: the turn end
     tool_message: dict[str, Any] | None = None  # the call turn as the template reads it (None: `text` as content)
 
@@ -143,6 +144,7 @@ class ToolFormat(ABC):
     call_ends_turn: bool  # the model ends its turn after a tool call (else generation stops at a stop string)
     tool_turns: bool  # results are chat turns the template renders (`tool_messages`), else inline in the model's turn
     calls_in_reasoning: bool = False  # calls are read inside a think block too (else only from the content after it)
+    call_blocks: CallBlocks = ()  # the call blocks inside which a `</think>` is the call's text (`retool_env.reasoning`)
     turn_end_id: int | None = None  # the template's end-of-turn token, inserted when a call turn ends otherwise
     turn_end: str | None = None  # its text, for formats whose results are chat turns (`tool_turns`)
     system_prompt: str | None = None  # tool schemas and call format, for a template that does not render `tools`
@@ -177,13 +179,21 @@ class ToolFormat(ABC):
         ended = bool(action_ids) and action_ids[-1] in self.end_token_ids
         body = action_ids[:-1] if ended else action_ids
         text = decode(self.tokenizer, body)
-        content = split_reasoning(text, reasoning_open)[1]
+        reasoning, content = self.split_reasoning(text, reasoning_open)
         parsed = self._parse_text(text if self.calls_in_reasoning else content, ended)
         if (ended and parsed.tool_calls and self.call_ends_turn and self.turn_end_id is not None
                 and action_ids[-1] != self.turn_end_id and not parsed.closing_ids):
             # e.g. <|endoftext|> after a call: the template's turn end follows it, so the tool turn renders in place
             parsed = parsed.replace(closing_ids=(self.turn_end_id,))
-        return parsed.replace(text=text, content=content)
+        return parsed.replace(text=text, content=content, thinking=self._still_thinking(text, reasoning_open, reasoning))
+
+    def split_reasoning(self, text: str, opened: bool = False) -> tuple[str, str]:
+        """(reasoning, content) of a turn: the reasoning ends at the model's own `</think>` outside any tool call."""
+        return split_reasoning(text, opened, self.call_blocks)
+
+    @staticmethod
+    def _still_thinking(text: str, opened: bool, reasoning: str) -> bool:
+        return (opened or text.lstrip().startswith(THINK)) and reasoning == text
 
     @abstractmethod
     def _parse_text(self, text: str, ended: bool) -> ParsedAction:
@@ -329,6 +339,7 @@ class ChatTurnsFormat(ToolFormat):
     call_ends_turn = True
     tool_turns = True
     chat_template_kwargs: dict[str, Any]
+    dialect: Dialect  # how calls are written and where a turn's reasoning ends
 
     def __init__(self, tokenizer: Tokenizer, chat_template_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__(tokenizer)
@@ -337,6 +348,9 @@ class ChatTurnsFormat(ToolFormat):
     @property
     def tools(self) -> list[dict[str, Any]]:
         return [CODE_INTERPRETER_TOOL]
+
+    def split_reasoning(self, text: str, opened: bool = False) -> tuple[str, str]:
+        return self.dialect.split_reasoning(text, opened)
 
     def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
         """The chat template's text of `messages`, with the tool and the template options of every render."""
@@ -434,6 +448,7 @@ class ReToolFormat(ToolFormat):
     call_ends_turn = False
     tool_turns = False
     calls_in_reasoning = True  # the paper's model runs code while it reasons
+    call_blocks = (("<code>", "</code>"),)
 
     @property
     def stop_strings(self) -> list[str]:
@@ -565,7 +580,7 @@ class DialectFormat(ChatTurnsFormat):
         ended = bool(action_ids) and action_ids[-1] in self.end_token_ids
         body = action_ids[:-1] if ended else action_ids
         text = decode(self.tokenizer, body)
-        content = split_reasoning(text, reasoning_open)[1]
+        reasoning, content = self.split_reasoning(text, reasoning_open)
         parsed = self._parse_text(content, ended)
         if ended and parsed.tool_calls and action_ids[-1] not in self._call_ends and not parsed.closing_ids:
             parsed = parsed.replace(closing_ids=(self.turn_end_id,))
@@ -573,7 +588,8 @@ class DialectFormat(ChatTurnsFormat):
         end_text = self._end_texts.get(end_ids)
         if end_text is None:  # a few end tokens per format: decoded once each
             end_text = self._end_texts[end_ids] = decode(self.tokenizer, list(end_ids))
-        return parsed.replace(text=text, content=content, end_text=end_text)
+        return parsed.replace(text=text, content=content, end_text=end_text,
+                              thinking=self._still_thinking(text, reasoning_open, reasoning))
 
     def _parse_text(self, text: str, ended: bool) -> ParsedAction:
         turn = self.dialect.parse(text, [CODE_INTERPRETER_TOOL])

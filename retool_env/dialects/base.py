@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from retool_env.reasoning import CallBlocks, split_reasoning
+
 MAX_DEPTH = 32  # deepest nesting of brackets a call's arguments may have
 MAX_CALLS = 32  # most calls one turn may make; scanners stop reading after one more
 DEFAULT_TOOL = "code_interpreter"  # the tool an example names when no tools are given
@@ -105,6 +107,28 @@ def json_depth_ok(text: str, limit: int = MAX_DEPTH) -> bool:
         depth += 1 if ch in "[{(" else -1
         if depth > limit:
             return False
+        i += 1
+
+
+def bracket_end(text: str, start: int) -> int:
+    """The index just after the bracket that closes the one at `start` (strings in either quote skipped), or -1
+    when the text ends first or brackets nest deeper than `MAX_DEPTH`. One pass between syntax characters."""
+    depth, i = 0, start
+    while True:
+        match = _SYNTAX.search(text, i)
+        if match is None:
+            return -1
+        i, ch = match.start(), match.group()
+        if ch in "\"'":
+            i = string_end(text, i + 1, ch)
+            if i < 0:
+                return -1
+            continue
+        depth += 1 if ch in "[{(" else -1
+        if depth == 0:
+            return i + 1
+        if depth > MAX_DEPTH:
+            return -1
         i += 1
 
 
@@ -342,13 +366,28 @@ class Dialect(ABC):
     Class attributes say what the caller needs around the parser: `stop_strings` end a turn of calls besides the
     template's end-of-turn token (pass them to the generator); `multiple_calls` whether a turn may hold several;
     `arguments_as_string` whether the family's template expects `function.arguments` as a JSON string, not a
-    mapping; `end_tokens` the family's end-of-turn tokens, which `parse` drops from the end of a turn."""
+    mapping; `end_tokens` the family's end-of-turn tokens, which `parse` drops from the end of a turn;
+    `call_blocks` the (opener, closer) of its call blocks (None: the block runs to the end of the text), inside
+    which a `</think>` is the call's text, never the end of the reasoning; `think_tags` whether the family marks
+    reasoning with `<think>` tags at all (harmony-style families use channels)."""
 
     name: ClassVar[str]
     stop_strings: ClassVar[tuple[str, ...]] = ()
     end_tokens: ClassVar[tuple[str, ...]] = ()
     multiple_calls: ClassVar[bool] = True
     arguments_as_string: ClassVar[bool] = False
+    call_blocks: ClassVar[CallBlocks] = ()
+    think_tags: ClassVar[bool] = True
+    whole_turn_call: ClassVar[tuple[str, ...]] = ()  # a turn that starts with one of these is all one call
+
+    def split_reasoning(self, text: str, opened: bool = False) -> tuple[str, str]:
+        """(reasoning, content) of a turn (`retool_env.reasoning`): reasoning ends only at the model's own
+        `</think>`, outside every call block; `opened`: the context before the turn opened a think block."""
+        if not self.think_tags:
+            return "", text
+        if not opened and text.lstrip().startswith(self.whole_turn_call):
+            return "", text
+        return split_reasoning(text, opened, self.call_blocks)
 
     def parse(self, text: str, tools: Sequence[dict[str, Any]] | None = None) -> ParsedTurn:
         """The calls written in `text`, each typed by its tool's schema (unchecked when `tools` is None)."""

@@ -79,6 +79,7 @@ class Gemma4(Dialect):
     name = "gemma4"
     end_tokens = ("<turn|>",)
     stop_strings = ("<|tool_response>",)
+    call_blocks = ((CALL_START, CALL_END),)
 
     def _scan(self, text: str) -> Scan:
         return scan_blocks(text, CALL_START, CALL_END, read_gemma_call)

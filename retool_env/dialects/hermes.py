@@ -15,6 +15,7 @@ from retool_env.dialects.base import Dialect, FunctionCall, Scan, read_json_call
 class Hermes(Dialect):
     name = "hermes"
     end_tokens = ("<|im_end|>", "<|endoftext|>")
+    call_blocks = (("<tool_call>", "</tool_call>"),)
 
     def _scan(self, text: str) -> Scan:
         return scan_blocks(text, "<tool_call>", "</tool_call>", lambda body: [read_json_call(body)])

@@ -27,6 +27,7 @@ def read_kimi_call(body: str) -> RawCall:
 class KimiK2(Dialect):
     name = "kimi_k2"
     end_tokens = ("<|im_end|>",)
+    call_blocks = ((SECTION_BEGIN, SECTION_END), (CALL_BEGIN, CALL_END))
 
     def _scan(self, text: str) -> Scan:
         scan = Scan()

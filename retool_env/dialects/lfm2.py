@@ -20,6 +20,7 @@ CALL_START, CALL_END = "<|tool_call_start|>", "<|tool_call_end|>"
 class Lfm2(Dialect):
     name = "lfm2"
     end_tokens = ("<|im_end|>",)
+    call_blocks = ((CALL_START, CALL_END),)
 
     def _scan(self, text: str) -> Scan:
         return scan_blocks(text, CALL_START, CALL_END, read_python_calls)

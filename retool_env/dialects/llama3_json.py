@@ -17,11 +17,20 @@ from retool_env.dialects.base import (
     FunctionCall,
     RawCall,
     Scan,
+    bracket_end,
     json_depth_ok,
     named_arguments,
 )
 
 _DECODER = json.JSONDecoder()
+
+
+def call_object_end(text: str, start: int) -> int:
+    """The end of the call object `{"name": ...}` opening at `start` (-1: it runs to the end of the text); just
+    past the `{` when no call opens there."""
+    if not text[start + 1:start + 16].lstrip().startswith('"name"'):
+        return start + 1
+    return bracket_end(text, start)
 
 
 def read_json_sequence(text: str, separator: str = ";") -> list[RawCall]:
@@ -57,6 +66,8 @@ class Llama3Json(Dialect):
     end_tokens = ("<|eot_id|>", "<|eom_id|>")
     stop_strings = ("<|eom_id|>",)
     multiple_calls = False
+    call_blocks = (("<|python_tag|>", None), ("{", call_object_end))
+    whole_turn_call = ("{", "<|python_tag|>")
 
     def _scan(self, text: str) -> Scan:
         body = text.strip()

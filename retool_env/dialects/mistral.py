@@ -49,6 +49,7 @@ def _read_v11(piece: str) -> RawCall:
 class Mistral(Dialect):
     name = "mistral"
     end_tokens = ("</s>",)
+    call_blocks = ((TOOL_CALLS, None),)
 
     def _scan(self, text: str) -> Scan:
         pieces = text.split(TOOL_CALLS)

@@ -41,6 +41,7 @@ class OpenAIHarmony(Dialect):
     end_tokens = ("<|return|>", "<|end|>")
     stop_strings = ("<|call|>",)
     multiple_calls = False
+    think_tags = False  # reasoning is the analysis channel
 
     def _scan(self, text: str) -> Scan:
         if "<|message|>" not in text:  # no harmony markup at all: plain text is the answer

@@ -18,6 +18,7 @@ from retool_env.dialects.base import (
     FunctionCall,
     RawCall,
     Scan,
+    bracket_end,
     loads_literal,
     string_end,
 )
@@ -115,6 +116,16 @@ def read_python_calls(text: str) -> list[RawCall]:
             return [*calls, RawCall(None, error=f"expected , between calls at {s[i:i + 30]!r}")]
 
 
+def call_list_end(text: str, start: int) -> int:
+    """The end of the call list `[name(...), ...]` opening at `start` (-1: it runs to the end of the text); just
+    past the `[` when no call list opens there (an interval, an index)."""
+    i = _skip_space(text, start + 1, min(len(text), start + 256))
+    name_end = _name_end(text, i, min(len(text), i + 256))
+    if name_end == i or not text.startswith("(", name_end):
+        return start + 1
+    return bracket_end(text, start)
+
+
 def python_call_list(calls: Sequence[FunctionCall]) -> str:
     """Calls as a Python list with JSON values (what LFM2's later templates render, valid Python for strings)."""
     written = (f"{call.name}({', '.join(f'{k}={json.dumps(v, ensure_ascii=False)}' for k, v in call.arguments.items())})"
@@ -125,6 +136,8 @@ def python_call_list(calls: Sequence[FunctionCall]) -> str:
 class Pythonic(Dialect):
     name = "pythonic"
     end_tokens = ("<|eot|>", "<|eom|>", "<|eot_id|>", "<|eom_id|>")
+    call_blocks = (("<|python_start|>", "<|python_end|>"), ("[", call_list_end))
+    whole_turn_call = ("[", "<|python_start|>")
 
     def _scan(self, text: str) -> Scan:
         body = text.strip()

@@ -90,6 +90,7 @@ def parameter_text(value: object) -> str:
 class Qwen3Coder(Dialect):
     name = "qwen3_coder"
     end_tokens = ("<|im_end|>", "<|endoftext|>")
+    call_blocks = (("<tool_call>", "</tool_call>"), (FUNCTION, FUNCTION_END))
 
     def _scan(self, text: str) -> Scan:
         if "<tool_call>" not in text and "<function=" in text:  # the wrapper forgotten, as vLLM accepts
