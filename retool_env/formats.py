@@ -567,12 +567,24 @@ class DialectFormat(ChatTurnsFormat):
         if self.turn_end_id not in self.end_token_ids:
             self.end_token_ids.append(self.turn_end_id)
         self._end_texts: dict[tuple[int, ...], str] = {}
+        # A template that renders no tool result after a turn without `tool_calls` as after any turn (gpt-oss's
+        # raises, GLM's drops the turn's end) is given a turn whose calls were not read as the calls it read.
+        self._results_need_calls = self.shape is not None and not self._renders_results_after_text()
         self._call_ends = {self.turn_end_id, *(tokenizer.convert_tokens_to_ids(t) for t in self.dialect.stop_strings
                                                if t in added)}
 
     @property
     def stop_strings(self) -> list[str]:
         return list(self._stop_strings)
+
+    def _renders_results_after_text(self) -> bool:
+        messages = [{"role": "user", "content": "u"}, {"role": "assistant", "content": HermesFormat._DUMMY},
+                    *self.tool_messages(["r"])]
+        try:
+            text = self._render(messages, add_generation_prompt=True)
+        except Exception:  # the template's own refusal (jinja's raise_exception)
+            return False
+        return text[text.index(HermesFormat._DUMMY) + len(HermesFormat._DUMMY):].startswith(self.turn_end)
 
     def parse(self, action_ids: list[int], reasoning_open: bool = False) -> ParsedAction:
         """As `ToolFormat.parse`; a call turn the model ended with an end token the template does not put after
@@ -593,23 +605,29 @@ class DialectFormat(ChatTurnsFormat):
 
     def _parse_text(self, text: str, ended: bool) -> ParsedAction:
         turn = self.dialect.parse(text, [CODE_INTERPRETER_TOOL])
-        calls, function_calls = [], []
+        calls, function_calls = [], []  # function_calls: each call as the template renders it
         for call in turn.calls:
             code = call.arguments.get("code") if call.ok and call.arguments else None
             if not isinstance(code, str):
                 calls.append(ToolCall(None, call.error or f"{TOOL_NAME} needs the parameter 'code'"))
+                function_calls.append(FunctionCall(_rendered_name(call.name), {}))
                 continue
             code = strip_code_fences(code)
             calls.append(ToolCall(code) if code.strip() else ToolCall(None, "the code is empty."))
             function_calls.append(FunctionCall(call.name or TOOL_NAME, call.arguments or {}))
+        read = all(call.ok for call in turn.calls)
         if turn.unfinished:
             if not ended:  # cut off inside a call: the turn is unfinished, and no answer
                 return ParsedAction(tuple(calls), complete=False, in_call=True)
             calls.append(ToolCall(None, self.dialect.fault("a tool call was opened but never closed",
                                                            [CODE_INTERPRETER_TOOL])))
-        # The message the template renders for this turn: its calls as `tool_calls` when every call was read
+            function_calls.append(FunctionCall(TOOL_NAME, {}))
+            read = False
+        # The message the template renders for this turn: its calls as `tool_calls` when every call was read (else
+        # the model's text, unless the template renders no tool result after a turn without `tool_calls`: then the
+        # calls as far as they were read, so a malformed call is answered, never a template error)
         message = None
-        if self.shape is not None and calls and len(function_calls) == len(calls):
+        if self.shape is not None and calls and (read or self._results_need_calls):
             message = self.dialect.tool_call_message(turn.content if self.shape.content is not None
                                                      else None, function_calls,
                                                      arguments_as_string=self.shape.arguments_as_string)
@@ -638,6 +656,13 @@ class DialectFormat(ChatTurnsFormat):
         text = self.call_text("print(6 * 7)")
         parsed = self._parse_text(text, True)
         return conversation.after_tools(text, (), self.tool_messages(outputs), parsed.tool_message).appended
+
+
+def _rendered_name(name: str | None) -> str:
+    """The name a malformed call is rendered under: the model's when it is a plain name, else the tool's."""
+    plain = name is not None and 0 < len(name) <= 64 and name.replace("_", "a").replace(".", "a").replace(
+        "-", "a").isalnum()
+    return name if plain and name is not None else TOOL_NAME
 
 
 def prompt_messages(prompt: Any, problem: str, system_prompt: str | None) -> list[dict[str, Any]]:
