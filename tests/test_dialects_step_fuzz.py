@@ -48,7 +48,7 @@ def assert_steps(env: ToolEnvironment, label: str, action: list[int]) -> None:
     env.reset(options={"problem": PROBLEM})
     try:
         obs, reward, terminated, truncated, info = env.step(action)
-    except Exception as exc:  # noqa: BLE001 - the point: name the case that raised
+    except Exception as exc:  # the point: name the case that raised
         raise AssertionError(f"{label}: env.step raised {type(exc).__name__}: {exc}") from exc
     traj = env.trajectory
     assert len(traj.completion_ids) == len(traj.env_mask), label
