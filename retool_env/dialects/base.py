@@ -287,6 +287,39 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
+# Type names models' schemas use besides JSON Schema's, as vLLM's parsers read them.
+_TYPE_ALIASES = {"str": "string", "text": "string", "varchar": "string", "char": "string", "enum": "string",
+                 "int": "integer", "int32": "integer", "int64": "integer", "uint": "integer", "uint32": "integer",
+                 "uint64": "integer", "long": "integer", "short": "integer", "unsigned": "integer",
+                 "float": "number", "float32": "number", "float64": "number", "double": "number",
+                 "bool": "boolean", "dict": "object", "arr": "array", "list": "array", "sequence": "array"}
+_JSON_TYPE_OF = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object",
+                 type(None): "null"}
+# The order in which a value written as text is tried against its parameter's types (vLLM's).
+_TEXT_PRIORITY = ("null", "integer", "number", "boolean", "object", "array", "string")
+
+
+def schema_types(schema: Any, depth: int = 0) -> list[str]:
+    """The JSON Schema types a parameter's schema allows: `type` (a name or a list), the types of its `enum`
+    values, and those of `anyOf`/`oneOf`/`allOf` (what Pydantic writes for `Optional[int]`); aliases such as
+    `float` named as JSON Schema names them. Empty when the schema says nothing (any value)."""
+    if not isinstance(schema, dict) or depth > MAX_DEPTH:
+        return []
+    found: list[str] = []
+    kind = schema.get("type")
+    for name in [kind] if isinstance(kind, str) else kind if isinstance(kind, list) else []:
+        if isinstance(name, str):
+            found.append(_TYPE_ALIASES.get(name.strip().lower(), name.strip().lower()))
+    enum = schema.get("enum")
+    for value in enum if isinstance(enum, list) else []:
+        found.append(_JSON_TYPE_OF.get(type(value), "string"))
+    for field_name in ("anyOf", "oneOf", "allOf"):
+        choices = schema.get(field_name)
+        for choice in choices if isinstance(choices, list) else []:
+            found.extend(schema_types(choice, depth + 1))
+    return list(dict.fromkeys(found))
+
+
 def _is_type(value: Any, kinds: list[str]) -> bool:
     """Whether a decoded value has one of the JSON Schema types (a boolean is not an integer; unknown types pass)."""
     for kind in kinds:
@@ -321,7 +354,7 @@ def _from_text(value: str, kind: str) -> tuple[Any, str | None]:
             return stripped.lower() == "true", None
         return None, f"{stripped[:40]!r} is not true or false"
     if kind == "null":
-        return (None, None) if stripped.lower() in ("null", "none", "") else (None, f"{stripped[:40]!r} is not null")
+        return (None, None) if stripped.lower() == "null" else (None, f"{stripped[:40]!r} is not null")
     if kind in ("array", "object"):
         parsed, error = loads_literal(stripped)
         if error is None and isinstance(parsed, list if kind == "array" else dict):
@@ -342,11 +375,10 @@ def type_arguments(name: str, arguments: dict[str, Any], function: dict[str, Any
         return None, f"{name} needs the parameter {missing[0]!r}"
     typed: dict[str, Any] = {}
     for key, value in arguments.items():
-        kind = (properties.get(key) or {}).get("type")
-        kinds = [kind] if isinstance(kind, str) else list(kind or [])
-        if text_valued and isinstance(value, str) and kinds and "string" not in kinds:
+        kinds = schema_types(properties.get(key))
+        if text_valued and isinstance(value, str) and kinds:  # tried in vLLM's order: "null" is null, not text
             errors = []
-            for candidate in kinds:
+            for candidate in sorted(kinds, key=lambda k: _TEXT_PRIORITY.index(k) if k in _TEXT_PRIORITY else 6):
                 converted, error = _from_text(value, candidate)
                 if error is None:
                     value = converted

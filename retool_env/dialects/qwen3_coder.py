@@ -29,8 +29,8 @@ def _strip_layout(value: str) -> str:
 
 
 def read_function(body: str) -> list[RawCall]:
-    """The `<function=NAME>` elements of one `<tool_call>` block (a block normally holds one). Read in order: a
-    value runs to its `</parameter>`, so code may hold `<parameter=` or `</function>` itself."""
+    """The `<function=NAME>` elements of one `<tool_call>` block (a block normally holds one). Read in order, as
+    vLLM reads them: a value runs to the first `</parameter>`, `<parameter=` or `</function>` after it."""
     calls: list[RawCall] = []
     finder, position = Finder(body), 0
     while len(calls) <= MAX_CALLS:
@@ -67,10 +67,14 @@ def _read_parameters(body: str, finder: Finder, position: int) -> tuple[dict[str
             return arguments, position, f"{PARAMETER} is not closed with >"
         key = body[position + len(PARAMETER):head_end].strip()
         close = finder.find(PARAMETER_END, head_end)
-        if close < 0:  # an unclosed value ends at the next parameter or at </function>, as vLLM reads it
-            ends = [i for i in (finder.find(PARAMETER, head_end), finder.find(FUNCTION_END, head_end)) if i >= 0]
-            close = min(ends, default=len(body))
+        # A value whose </parameter> is missing ends at the next parameter or at </function>, as vLLM reads it
+        unclosed = [i for i in (finder.find(PARAMETER, head_end), finder.find(FUNCTION_END, head_end))
+                    if i >= 0 and (close < 0 or i < close)]
+        if unclosed:
+            close = min(unclosed)
             value, position = body[head_end + 1:close].rstrip(), close
+        elif close < 0:
+            value, position = body[head_end + 1:].rstrip(), len(body)
         else:
             value, position = body[head_end + 1:close], close + len(PARAMETER_END)
         if key in arguments:
