@@ -315,6 +315,17 @@ def parse_hermes_call(block: str) -> ToolCall:
     return ToolCall(code)
 
 
+def _complete_json_object(text: str) -> bool:
+    """Whether `text` is one whole JSON object (and nothing after it)."""
+    text = text.strip()
+    if not (text.startswith("{") and text.endswith("}")):
+        return False
+    try:
+        return isinstance(_loads(text), dict)
+    except ValueError:
+        return False
+
+
 def tool_call_blocks(text: str, open_tag: str = "<tool_call>", close_tag: str = "</tool_call>"
                      ) -> tuple[list[str], bool]:
     """The contents of each `open_tag ... close_tag` block in order, and whether an opened block is left unclosed.
@@ -387,6 +398,8 @@ class HermesFormat(ChatTurnsFormat):
 
     def _parse_text(self, text: str, ended: bool) -> ParsedAction:
         blocks, unclosed = tool_call_blocks(text)
+        if unclosed and _complete_json_object(tail := text[text.rfind("<tool_call>") + len("<tool_call>"):]):
+            blocks, unclosed = [*blocks, tail], False  # the last call's `</tool_call>` left out: read, as vLLM does
         calls = [parse_hermes_call(block) for block in blocks[:MAX_CALLS_PER_TURN]]
         if len(blocks) > MAX_CALLS_PER_TURN:  # each call is a rendered tool turn: hundreds would stall the step
             calls.append(ToolCall(None, f"{len(blocks) - MAX_CALLS_PER_TURN} more tool calls in this turn were not "

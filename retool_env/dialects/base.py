@@ -192,9 +192,42 @@ def loads_literal(text: str) -> tuple[Any, str | None]:
     except (json.JSONDecodeError, RecursionError):
         pass
     try:
-        return ast.literal_eval(escape_raw_control_chars(text)), None
+        value = ast.literal_eval(_SetsAsLists().visit(ast.parse(escape_raw_control_chars(text), mode="eval")))
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         return None, f"{text[:60]!r} is not a literal value"
+    return json_value(value, text)
+
+
+class _SetsAsLists(ast.NodeTransformer):
+    """A set literal read as the list it writes, in its written order (as vLLM reads it)."""
+
+    def visit_Set(self, node: ast.Set) -> ast.AST:
+        self.generic_visit(node)
+        return ast.copy_location(ast.List(elts=node.elts, ctx=ast.Load()), node)
+
+
+def json_value(value: Any, text: str = "") -> tuple[Any, str | None]:
+    """A Python literal as the JSON value a tool receives: sets and tuples as lists (as vLLM sends them); bytes,
+    complex numbers and non-string keys have no JSON form and are refused. Nesting is already bounded."""
+    if value is None or isinstance(value, str | bool | int | float):
+        return value, None
+    if isinstance(value, list | tuple | set | frozenset):
+        items = []
+        for item in value:
+            converted, error = json_value(item, text)
+            if error is not None:
+                return None, error
+            items.append(converted)
+        return items, None
+    if isinstance(value, dict):
+        mapping = {}
+        for key, item in value.items():
+            converted, error = json_value(item, text)
+            if error is not None or not isinstance(key, str):
+                return None, error or f"{text[:60]!r} has a key that is not a string"
+            mapping[key] = converted
+        return mapping, None
+    return None, f"{text[:60]!r} holds a {type(value).__name__}, which has no JSON form"
 
 
 def find_blocks(text: str, start: str, end: str) -> Iterator[tuple[str, str | None, bool]]:

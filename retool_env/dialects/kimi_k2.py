@@ -20,7 +20,9 @@ def read_kimi_call(body: str) -> RawCall:
     call_id, sep, arguments = body.partition(ARGUMENTS)
     if not sep:
         return RawCall(None, error=f"a call needs {ARGUMENTS} between its id and its arguments")
-    name = call_id.strip().removeprefix("functions.").rpartition(":")[0] or call_id.strip()
+    name, colon, index = call_id.strip().removeprefix("functions.").rpartition(":")
+    if not colon or not index.isdigit() or not name:
+        return RawCall(None, error=f"a call's id is functions.NAME:INDEX, not {call_id.strip()[:60]!r}")
     return RawCall(name, *arguments_object(arguments.strip(), "arguments"))
 
 

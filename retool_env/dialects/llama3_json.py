@@ -72,9 +72,18 @@ class Llama3Json(Dialect):
     def _scan(self, text: str) -> Scan:
         body = text.strip()
         body = body.removeprefix("<|python_tag|>").lstrip()
-        if not body.startswith("{"):
+        if body.startswith("{"):
+            return Scan(calls=read_json_sequence(body))
+        start = body.find("{")  # prose first: vLLM reads a call object that follows it
+        if start < 0 or call_object_end(body, start) <= start + 1 or not json_depth_ok(body[start:]):
             return Scan(content=[text])
-        return Scan(calls=read_json_sequence(body))
+        try:
+            call, _ = _DECODER.raw_decode(body, start)
+        except json.JSONDecodeError:
+            return Scan(content=[text])
+        if not isinstance(call, dict) or "name" not in call:
+            return Scan(content=[text])
+        return Scan(calls=read_json_sequence(body[start:]), content=[body[:start]])
 
     def call_text(self, calls: Sequence[FunctionCall]) -> str:
         return "; ".join(json.dumps({"name": call.name, "parameters": call.arguments}, ensure_ascii=False)
