@@ -114,7 +114,7 @@ def test_each_turn_is_read_as_vllm_reads_it(dialect, request_and_tokenizer):
             continue
         disagreements.append((text[:200], ours, theirs))
     assert not disagreements, f"{len(disagreements)} of {len(cases)} turns read differently: {disagreements[:3]}"
-    assert documented <= len(cases) // 4, "most turns differ by a documented rule: the cases test too little"
+    assert documented <= len(cases) // 2, "most turns differ by a documented rule: the cases test too little"
 
 
 def test_mistral_pre_v11_lists_and_bare_objects_are_read():
