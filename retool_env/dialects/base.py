@@ -152,8 +152,8 @@ def escape_raw_control_chars(text: str) -> str:
     render strings); text outside strings is unchanged."""
     out, quote, escaped = [], "", False
     for ch in text:
-        if quote and not escaped and ch in "\n\r\t":
-            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t"}[ch])
+        if quote and not escaped and ch in "\n\r\t\x00":
+            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t", "\x00": "\\x00"}[ch])
             continue
         if not escaped and ch in "\"'" and (not quote or ch == quote):
             quote = "" if quote else ch

@@ -51,8 +51,9 @@ def gemma_to_json(text: str) -> tuple[str | None, str | None]:
 
 def read_gemma_call(body: str) -> list[RawCall]:
     head, brace, rest = body.partition("{")
-    name = head.strip().removeprefix("call:").strip()
-    if not head.strip().startswith("call:") or not brace or not name:
+    head = head.strip()
+    name = head.removeprefix("call:").removeprefix(":").strip()  # `:NAME{` as some models write it, vLLM reads it
+    if not head.startswith(("call:", ":")) or not brace or not name:
         return [RawCall(None, error=f"write {CALL_START}call:NAME{{key:value}}{CALL_END}")]
     converted, error = gemma_to_json("{" + rest)
     if error is None and converted is not None:

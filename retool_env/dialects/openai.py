@@ -53,7 +53,7 @@ class OpenAIHarmony(Dialect):
             header, body = _split_body(segment)
             recipient = _recipient(header)
             if recipient is None:
-                if "<|channel|>final" in header:
+                if "<|channel|>final" in header or "<|channel|>commentary" in header:  # the answer, a preamble
                     scan.content.append(body)
                 continue
             if not recipient.startswith("functions."):
