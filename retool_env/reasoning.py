@@ -10,39 +10,49 @@ DeepSeek-R1-Distill templates do, or at the turn's start), and content otherwise
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 
 THINK = "<think>"
 END_THINK = "</think>"
 
-# (opener, closer) of each kind of call block. The closer is a string, None (the block runs to the end of the text),
-# or a function of (text, opener's index) giving the block's end: -1 when it runs to the end, the opener's own end
-# when the opener starts no call there (a `[` that is an interval, not a call list).
-CallBlocks = Sequence[tuple[str, str | Callable[[str, int], int] | None]]
+# (opener, closer) of each kind of call block. The opener is a string or a pattern (searched, never backtracking
+# over the text); the closer a string, None (the block runs to the end of the text), or a function of (text, the
+# opener's index) giving the block's end: -1 when it runs to the end, the opener's index when no call opens there.
+CallBlocks = Sequence[tuple[str | re.Pattern[str], str | Callable[[str, int], int] | None]]
+
+
+def _find(opener: str | re.Pattern[str], text: str, position: int) -> tuple[int, int]:
+    """(index, length) of the opener's first match from `position`, or (-1, 0)."""
+    if isinstance(opener, str):
+        return text.find(opener, position), len(opener)
+    match = opener.search(text, position)
+    return (match.start(), match.end() - match.start()) if match else (-1, 0)
 
 
 def reasoning_end(text: str, call_blocks: CallBlocks = ()) -> int:
     """The index of the first `</think>` outside every call block, or -1. Linear: blocks never nest, and each
     needle is searched again only once the scan has passed its last match."""
     position, end = 0, text.find(END_THINK)
-    next_opener = {opener: text.find(opener) for opener, _ in call_blocks}
+    next_opener = [_find(opener, text, 0) for opener, _ in call_blocks]
     while end >= 0:
-        for opener, found in next_opener.items():
+        for index, (found, _) in enumerate(next_opener):
             if 0 <= found < position:
-                next_opener[opener] = text.find(opener, position)
-        block = min(((found, opener, closer) for opener, closer in call_blocks
-                     if 0 <= (found := next_opener[opener]) < end), default=None)
+                next_opener[index] = _find(call_blocks[index][0], text, position)
+        block = min(((found, length, index) for index, (found, length) in enumerate(next_opener)
+                     if 0 <= found < end), default=None)
         if block is None:
             return end
-        found, opener, closer = block
+        found, length, index = block
+        closer = call_blocks[index][1]
         if closer is None or isinstance(closer, str):
-            closed = -1 if closer is None else text.find(closer, found + len(opener))
+            closed = -1 if closer is None else text.find(closer, found + length)
             position = closed + len(closer or "")
         else:
             closed = position = closer(text, found)
         if closed < 0:
             return -1  # the block runs to the end of the text: every later `</think>` is inside it
-        position = max(position, found + len(opener))
+        position = max(position, found + length)
         if end < position:
             end = text.find(END_THINK, position)
     return -1

@@ -85,3 +85,18 @@ def test_reasoning_end_skips_call_blocks_in_linear_time():
         started = time.perf_counter()
         reasoning_end(text, blocks)
         assert time.perf_counter() - started < 2.0
+
+
+@pytest.mark.parametrize("dialect", sorted(DIALECTS))
+def test_the_reasoning_split_is_linear_on_hostile_text(dialect):
+    """Repeated call openers (closed, unclosed, or not calls at all) before and between `</think>`s."""
+    import time
+
+    split = get_dialect(dialect).split_reasoning
+    openers = [o if isinstance(o, str) else "[f(" for o, _ in get_dialect(dialect).call_blocks] or ["<tool_call>"]
+    for opener in openers:
+        for unit in (opener, opener + "</think>", '{"name": "f", "a": [', "[f(x, '", "{ ", "[0, 1) "):
+            text = unit * (200_000 // len(unit)) + "</think>"
+            started = time.perf_counter()
+            split(text, True)
+            assert time.perf_counter() - started < 1.0, (opener, unit)

@@ -25,14 +25,6 @@ from retool_env.dialects.base import (
 _DECODER = json.JSONDecoder()
 
 
-def call_object_end(text: str, start: int) -> int:
-    """The end of the call object `{"name": ...}` opening at `start` (-1: it runs to the end of the text); just
-    past the `{` when no call opens there."""
-    if not text[start + 1:start + 16].lstrip().startswith('"name"'):
-        return start + 1
-    return bracket_end(text, start)
-
-
 def read_json_sequence(text: str, separator: str = ";") -> list[RawCall]:
     """JSON call objects one after another, separated by `separator` (whitespace around it allowed)."""
     if not json_depth_ok(text):
@@ -66,7 +58,7 @@ class Llama3Json(Dialect):
     end_tokens = ("<|eot_id|>", "<|eom_id|>")
     stop_strings = ("<|eom_id|>",)
     multiple_calls = False
-    call_blocks = (("<|python_tag|>", None), ("{", call_object_end))
+    call_blocks = (("<|python_tag|>", None), ('{"name"', bracket_end))  # a call object, read string-aware
     whole_turn_call = ("{", "<|python_tag|>")
 
     def _scan(self, text: str) -> Scan:
@@ -75,7 +67,7 @@ class Llama3Json(Dialect):
         if body.startswith("{"):
             return Scan(calls=read_json_sequence(body))
         start = body.find("{")  # prose first: vLLM reads a call object that follows it
-        if start < 0 or call_object_end(body, start) <= start + 1 or not json_depth_ok(body[start:]):
+        if start < 0 or not json_depth_ok(body[start:]):
             return Scan(content=[text])
         try:
             call, _ = _DECODER.raw_decode(body, start)

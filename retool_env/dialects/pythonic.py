@@ -116,14 +116,7 @@ def read_python_calls(text: str) -> list[RawCall]:
             return [*calls, RawCall(None, error=f"expected , between calls at {s[i:i + 30]!r}")]
 
 
-def call_list_end(text: str, start: int) -> int:
-    """The end of the call list `[name(...), ...]` opening at `start` (-1: it runs to the end of the text); just
-    past the `[` when no call list opens there (an interval, an index)."""
-    i = _skip_space(text, start + 1, min(len(text), start + 256))
-    name_end = _name_end(text, i, min(len(text), i + 256))
-    if name_end == i or not text.startswith("(", name_end):
-        return start + 1
-    return bracket_end(text, start)
+CALL_LIST = re.compile(r"\[[ \t\r\n]*[A-Za-z_][A-Za-z0-9_.\-]*\(")  # `[name(`: no backtracking across a `[`
 
 
 def python_call_list(calls: Sequence[FunctionCall]) -> str:
@@ -136,7 +129,7 @@ def python_call_list(calls: Sequence[FunctionCall]) -> str:
 class Pythonic(Dialect):
     name = "pythonic"
     end_tokens = ("<|eot|>", "<|eom|>", "<|eot_id|>", "<|eom_id|>")
-    call_blocks = (("<|python_start|>", "<|python_end|>"), ("[", call_list_end))
+    call_blocks = (("<|python_start|>", "<|python_end|>"), (CALL_LIST, bracket_end))
     whole_turn_call = ("[", "<|python_start|>")
 
     def _scan(self, text: str) -> Scan:
