@@ -22,7 +22,7 @@ from retool_env.faults import episode_fault_key
 from retool_env.formats import ParsedAction, make_format, prompt_messages
 from retool_env.grading import Grade, agrade
 from retool_env.prompts import get_prompt, render_prompt
-from retool_env.reasoning import END_THINK, THINK
+from retool_env.reasoning import THINK, graded_text
 from retool_env.rewards import EpisodeStats, get_reward_fn
 from retool_env.sandbox import Sandbox
 from retool_env.tokens import decode, load_tokenizer
@@ -281,10 +281,9 @@ class ToolEnvironment(gym.Env):
         traj.append_model(token_ids, logprobs)
         opened = self._thinking
         parsed = self.format.parse(token_ids, reasoning_open=opened)
-        # The model's own text of its latest turn, if an answer: the only text ever graded (the grader reads what
-        # follows its reasoning, with the think block the prompt opened put back in front).
-        self._answer_text = (THINK + "\n" if opened else "") + parsed.text if parsed.is_answer else ""
-        self._thinking = END_THINK not in parsed.text and (opened or parsed.text.lstrip().startswith(THINK))
+        # The content of the model's latest turn, if an answer: the only text ever graded.
+        self._answer_text = graded_text(parsed.content) if parsed.is_answer else ""
+        self._thinking = parsed.thinking
         turn = traj.num_turns
         if overrun:  # one finish reason, whatever the clipped turn holds
             traj.finish_reason = "max_completion_tokens"

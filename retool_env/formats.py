@@ -41,7 +41,7 @@ from retool_env.dialects import (
     tool_call_shape,
     tool_system_prompt,
 )
-from retool_env.reasoning import split_reasoning
+from retool_env.reasoning import THINK, CallBlocks, split_reasoning
 from retool_env.tokens import Tokenizer, encode_text, has_added_token_text
 from retool_env.tokens import clip_tokens as clip_tokens  # also importable from here
 from retool_env.tokens import decode as decode
@@ -111,6 +111,7 @@ class ParsedAction:
     in_call: bool = False
     text: str = ""  # the model's text of the turn, its end token excluded
     content: str = ""  # the text after the turn's reasoning block
+    thinking: bool = False  # the turn ends inside its reasoning (a think block opened, no `</think>` of its own)
     end_text: str | None = None  # the text of the end token (and closing tokens) after `text`; None: the turn end
     tool_message: dict[str, Any] | None = None  # the call turn as the template reads it (None: `text` as content)
 
@@ -143,6 +144,7 @@ class ToolFormat(ABC):
     call_ends_turn: bool  # the model ends its turn after a tool call (else generation stops at a stop string)
     tool_turns: bool  # results are chat turns the template renders (`tool_messages`), else inline in the model's turn
     calls_in_reasoning: bool = False  # calls are read inside a think block too (else only from the content after it)
+    call_blocks: CallBlocks = ()  # the call blocks inside which a `</think>` is the call's text (`retool_env.reasoning`)
     turn_end_id: int | None = None  # the template's end-of-turn token, inserted when a call turn ends otherwise
     turn_end: str | None = None  # its text, for formats whose results are chat turns (`tool_turns`)
     system_prompt: str | None = None  # tool schemas and call format, for a template that does not render `tools`
@@ -177,13 +179,21 @@ class ToolFormat(ABC):
         ended = bool(action_ids) and action_ids[-1] in self.end_token_ids
         body = action_ids[:-1] if ended else action_ids
         text = decode(self.tokenizer, body)
-        content = split_reasoning(text, reasoning_open)[1]
+        reasoning, content = self.split_reasoning(text, reasoning_open)
         parsed = self._parse_text(text if self.calls_in_reasoning else content, ended)
         if (ended and parsed.tool_calls and self.call_ends_turn and self.turn_end_id is not None
                 and action_ids[-1] != self.turn_end_id and not parsed.closing_ids):
             # e.g. <|endoftext|> after a call: the template's turn end follows it, so the tool turn renders in place
             parsed = parsed.replace(closing_ids=(self.turn_end_id,))
-        return parsed.replace(text=text, content=content)
+        return parsed.replace(text=text, content=content, thinking=self._still_thinking(text, reasoning_open, reasoning))
+
+    def split_reasoning(self, text: str, opened: bool = False) -> tuple[str, str]:
+        """(reasoning, content) of a turn: the reasoning ends at the model's own `</think>` outside any tool call."""
+        return split_reasoning(text, opened, self.call_blocks)
+
+    @staticmethod
+    def _still_thinking(text: str, opened: bool, reasoning: str) -> bool:
+        return (opened or text.lstrip().startswith(THINK)) and reasoning == text
 
     @abstractmethod
     def _parse_text(self, text: str, ended: bool) -> ParsedAction:
@@ -305,6 +315,17 @@ def parse_hermes_call(block: str) -> ToolCall:
     return ToolCall(code)
 
 
+def _complete_json_object(text: str) -> bool:
+    """Whether `text` is one whole JSON object (and nothing after it)."""
+    text = text.strip()
+    if not (text.startswith("{") and text.endswith("}")):
+        return False
+    try:
+        return isinstance(_loads(text), dict)
+    except ValueError:
+        return False
+
+
 def tool_call_blocks(text: str, open_tag: str = "<tool_call>", close_tag: str = "</tool_call>"
                      ) -> tuple[list[str], bool]:
     """The contents of each `open_tag ... close_tag` block in order, and whether an opened block is left unclosed.
@@ -329,6 +350,7 @@ class ChatTurnsFormat(ToolFormat):
     call_ends_turn = True
     tool_turns = True
     chat_template_kwargs: dict[str, Any]
+    dialect: Dialect  # how calls are written and where a turn's reasoning ends
 
     def __init__(self, tokenizer: Tokenizer, chat_template_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__(tokenizer)
@@ -337,6 +359,9 @@ class ChatTurnsFormat(ToolFormat):
     @property
     def tools(self) -> list[dict[str, Any]]:
         return [CODE_INTERPRETER_TOOL]
+
+    def split_reasoning(self, text: str, opened: bool = False) -> tuple[str, str]:
+        return self.dialect.split_reasoning(text, opened)
 
     def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
         """The chat template's text of `messages`, with the tool and the template options of every render."""
@@ -373,6 +398,8 @@ class HermesFormat(ChatTurnsFormat):
 
     def _parse_text(self, text: str, ended: bool) -> ParsedAction:
         blocks, unclosed = tool_call_blocks(text)
+        if unclosed and _complete_json_object(tail := text[text.rfind("<tool_call>") + len("<tool_call>"):]):
+            blocks, unclosed = [*blocks, tail], False  # the last call's `</tool_call>` left out: read, as vLLM does
         calls = [parse_hermes_call(block) for block in blocks[:MAX_CALLS_PER_TURN]]
         if len(blocks) > MAX_CALLS_PER_TURN:  # each call is a rendered tool turn: hundreds would stall the step
             calls.append(ToolCall(None, f"{len(blocks) - MAX_CALLS_PER_TURN} more tool calls in this turn were not "
@@ -434,6 +461,7 @@ class ReToolFormat(ToolFormat):
     call_ends_turn = False
     tool_turns = False
     calls_in_reasoning = True  # the paper's model runs code while it reasons
+    call_blocks = (("<code>", "</code>"),)
 
     @property
     def stop_strings(self) -> list[str]:
@@ -552,6 +580,9 @@ class DialectFormat(ChatTurnsFormat):
         if self.turn_end_id not in self.end_token_ids:
             self.end_token_ids.append(self.turn_end_id)
         self._end_texts: dict[tuple[int, ...], str] = {}
+        # A template that renders no tool result after a turn without `tool_calls` as after any turn (gpt-oss's
+        # raises, GLM's drops the turn's end) is given a turn whose calls were not read as the calls it read.
+        self._results_need_calls = self.shape is not None and not self._renders_results_after_text()
         self._call_ends = {self.turn_end_id, *(tokenizer.convert_tokens_to_ids(t) for t in self.dialect.stop_strings
                                                if t in added)}
 
@@ -559,13 +590,22 @@ class DialectFormat(ChatTurnsFormat):
     def stop_strings(self) -> list[str]:
         return list(self._stop_strings)
 
+    def _renders_results_after_text(self) -> bool:
+        messages = [{"role": "user", "content": "u"}, {"role": "assistant", "content": HermesFormat._DUMMY},
+                    *self.tool_messages(["r"])]
+        try:
+            text = self._render(messages, add_generation_prompt=True)
+        except Exception:  # the template's own refusal (jinja's raise_exception)
+            return False
+        return text[text.index(HermesFormat._DUMMY) + len(HermesFormat._DUMMY):].startswith(self.turn_end)
+
     def parse(self, action_ids: list[int], reasoning_open: bool = False) -> ParsedAction:
         """As `ToolFormat.parse`; a call turn the model ended with an end token the template does not put after
         calls (e.g. `<|endoftext|>`) gets the template's turn end appended."""
         ended = bool(action_ids) and action_ids[-1] in self.end_token_ids
         body = action_ids[:-1] if ended else action_ids
         text = decode(self.tokenizer, body)
-        content = split_reasoning(text, reasoning_open)[1]
+        reasoning, content = self.split_reasoning(text, reasoning_open)
         parsed = self._parse_text(content, ended)
         if ended and parsed.tool_calls and action_ids[-1] not in self._call_ends and not parsed.closing_ids:
             parsed = parsed.replace(closing_ids=(self.turn_end_id,))
@@ -573,27 +613,34 @@ class DialectFormat(ChatTurnsFormat):
         end_text = self._end_texts.get(end_ids)
         if end_text is None:  # a few end tokens per format: decoded once each
             end_text = self._end_texts[end_ids] = decode(self.tokenizer, list(end_ids))
-        return parsed.replace(text=text, content=content, end_text=end_text)
+        return parsed.replace(text=text, content=content, end_text=end_text,
+                              thinking=self._still_thinking(text, reasoning_open, reasoning))
 
     def _parse_text(self, text: str, ended: bool) -> ParsedAction:
         turn = self.dialect.parse(text, [CODE_INTERPRETER_TOOL])
-        calls, function_calls = [], []
+        calls, function_calls = [], []  # function_calls: each call as the template renders it
         for call in turn.calls:
             code = call.arguments.get("code") if call.ok and call.arguments else None
             if not isinstance(code, str):
                 calls.append(ToolCall(None, call.error or f"{TOOL_NAME} needs the parameter 'code'"))
+                function_calls.append(FunctionCall(_rendered_name(call.name), {}))
                 continue
             code = strip_code_fences(code)
             calls.append(ToolCall(code) if code.strip() else ToolCall(None, "the code is empty."))
             function_calls.append(FunctionCall(call.name or TOOL_NAME, call.arguments or {}))
+        read = all(call.ok for call in turn.calls)
         if turn.unfinished:
             if not ended:  # cut off inside a call: the turn is unfinished, and no answer
                 return ParsedAction(tuple(calls), complete=False, in_call=True)
             calls.append(ToolCall(None, self.dialect.fault("a tool call was opened but never closed",
                                                            [CODE_INTERPRETER_TOOL])))
-        # The message the template renders for this turn: its calls as `tool_calls` when every call was read
+            function_calls.append(FunctionCall(TOOL_NAME, {}))
+            read = False
+        # The message the template renders for this turn: its calls as `tool_calls` when every call was read (else
+        # the model's text, unless the template renders no tool result after a turn without `tool_calls`: then the
+        # calls as far as they were read, so a malformed call is answered, never a template error)
         message = None
-        if self.shape is not None and calls and len(function_calls) == len(calls):
+        if self.shape is not None and calls and (read or self._results_need_calls):
             message = self.dialect.tool_call_message(turn.content if self.shape.content is not None
                                                      else None, function_calls,
                                                      arguments_as_string=self.shape.arguments_as_string)
@@ -622,6 +669,13 @@ class DialectFormat(ChatTurnsFormat):
         text = self.call_text("print(6 * 7)")
         parsed = self._parse_text(text, True)
         return conversation.after_tools(text, (), self.tool_messages(outputs), parsed.tool_message).appended
+
+
+def _rendered_name(name: str | None) -> str:
+    """The name a malformed call is rendered under: the model's when it is a plain name, else the tool's."""
+    plain = name is not None and 0 < len(name) <= 64 and name.replace("_", "a").replace(".", "a").replace(
+        "-", "a").isalnum()
+    return name if plain and name is not None else TOOL_NAME
 
 
 def prompt_messages(prompt: Any, problem: str, system_prompt: str | None) -> list[dict[str, Any]]:

@@ -176,7 +176,7 @@ MALFORMED = {
     "deepseek_v31": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>code_interpreter{\"code\": 1}<｜tool▁call▁end｜>",
     "kimi_k2": "<|tool_calls_section_begin|><|tool_call_begin|>functions.code_interpreter:0{}<|tool_call_end|>"
                "<|tool_calls_section_end|>",
-    "mistral": '[TOOL_CALLS]code_interpreter{"code": "print(1)"}',
+    "mistral": '[TOOL_CALLS]code_interpreter[ARGS]{"code": print(1)}',
     "lfm2": "<|tool_call_start|>[code_interpreter(code=print(1))]<|tool_call_end|>",
     "pythonic": "[code_interpreter('print(1)')]",
     "gemma4": "<|tool_call>call:code_interpreter{code:<|\"|>print(1)}<tool_call|>",

@@ -267,7 +267,7 @@ def test_cut_off_turn_is_truncated_and_graded(any_tok):
     ('<tool_call>\n{"name": "code_interpreter", "arguments": {}}\n</tool_call>', "needs"),
     ('<tool_call>\n{"name": "code_interpreter", "arguments": {"code": "  "}}\n</tool_call>', "empty"),
     ('<tool_call>\n[1, 2]\n</tool_call>', "JSON object"),
-    ('<tool_call>\n{"name": "code_interpreter", "arguments": {"code": "print(1)"}}', "never closed"),
+    ('<tool_call>\n{"name": "code_interpreter", "arguments": {"code": "print(1)"', "never closed"),  # JSON cut too
 ])
 def test_malformed_calls_become_observations(tiny_tok, text, needle):
     env = make_env(tiny_tok)

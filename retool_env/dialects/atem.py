@@ -57,6 +57,7 @@ def read_atem_block(body: str) -> list[RawCall]:
 class Atem(Dialect):
     name = "atem"
     end_tokens = ("<|eot|>", "<|eom|>")
+    think_tags = False  # reasoning is a message to `self`
 
     def _scan(self, text: str) -> Scan:
         scan = Scan()

@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from retool_env.reasoning import CallBlocks, split_reasoning
+
 MAX_DEPTH = 32  # deepest nesting of brackets a call's arguments may have
 MAX_CALLS = 32  # most calls one turn may make; scanners stop reading after one more
 DEFAULT_TOOL = "code_interpreter"  # the tool an example names when no tools are given
@@ -108,6 +110,28 @@ def json_depth_ok(text: str, limit: int = MAX_DEPTH) -> bool:
         i += 1
 
 
+def bracket_end(text: str, start: int) -> int:
+    """The index just after the bracket that closes the one at `start` (strings in either quote skipped), or -1
+    when the text ends first or brackets nest deeper than `MAX_DEPTH`. One pass between syntax characters."""
+    depth, i = 0, start
+    while True:
+        match = _SYNTAX.search(text, i)
+        if match is None:
+            return -1
+        i, ch = match.start(), match.group()
+        if ch in "\"'":
+            i = string_end(text, i + 1, ch)
+            if i < 0:
+                return -1
+            continue
+        depth += 1 if ch in "[{(" else -1
+        if depth == 0:
+            return i + 1
+        if depth > MAX_DEPTH:
+            return -1
+        i += 1
+
+
 def string_end(text: str, i: int, quote: str, end: int | None = None) -> int:
     """The index just after the `quote` that closes a string whose body starts at `i` (backslash escapes skipped),
     or -1 when the text ends first. Linear: each search resumes where the last one stopped."""
@@ -128,8 +152,8 @@ def escape_raw_control_chars(text: str) -> str:
     render strings); text outside strings is unchanged."""
     out, quote, escaped = [], "", False
     for ch in text:
-        if quote and not escaped and ch in "\n\r\t":
-            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t"}[ch])
+        if quote and not escaped and ch in "\n\r\t\x00":
+            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t", "\x00": "\\x00"}[ch])
             continue
         if not escaped and ch in "\"'" and (not quote or ch == quote):
             quote = "" if quote else ch
@@ -168,9 +192,42 @@ def loads_literal(text: str) -> tuple[Any, str | None]:
     except (json.JSONDecodeError, RecursionError):
         pass
     try:
-        return ast.literal_eval(escape_raw_control_chars(text)), None
+        value = ast.literal_eval(_SetsAsLists().visit(ast.parse(escape_raw_control_chars(text), mode="eval")))
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         return None, f"{text[:60]!r} is not a literal value"
+    return json_value(value, text)
+
+
+class _SetsAsLists(ast.NodeTransformer):
+    """A set literal read as the list it writes, in its written order (as vLLM reads it)."""
+
+    def visit_Set(self, node: ast.Set) -> ast.AST:
+        self.generic_visit(node)
+        return ast.copy_location(ast.List(elts=node.elts, ctx=ast.Load()), node)
+
+
+def json_value(value: Any, text: str = "") -> tuple[Any, str | None]:
+    """A Python literal as the JSON value a tool receives: sets and tuples as lists (as vLLM sends them); bytes,
+    complex numbers and non-string keys have no JSON form and are refused. Nesting is already bounded."""
+    if value is None or isinstance(value, str | bool | int | float):
+        return value, None
+    if isinstance(value, list | tuple | set | frozenset):
+        items = []
+        for item in value:
+            converted, error = json_value(item, text)
+            if error is not None:
+                return None, error
+            items.append(converted)
+        return items, None
+    if isinstance(value, dict):
+        mapping = {}
+        for key, item in value.items():
+            converted, error = json_value(item, text)
+            if error is not None or not isinstance(key, str):
+                return None, error or f"{text[:60]!r} has a key that is not a string"
+            mapping[key] = converted
+        return mapping, None
+    return None, f"{text[:60]!r} holds a {type(value).__name__}, which has no JSON form"
 
 
 def find_blocks(text: str, start: str, end: str) -> Iterator[tuple[str, str | None, bool]]:
@@ -263,6 +320,39 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
+# Type names models' schemas use besides JSON Schema's, as vLLM's parsers read them.
+_TYPE_ALIASES = {"str": "string", "text": "string", "varchar": "string", "char": "string", "enum": "string",
+                 "int": "integer", "int32": "integer", "int64": "integer", "uint": "integer", "uint32": "integer",
+                 "uint64": "integer", "long": "integer", "short": "integer", "unsigned": "integer",
+                 "float": "number", "float32": "number", "float64": "number", "double": "number",
+                 "bool": "boolean", "dict": "object", "arr": "array", "list": "array", "sequence": "array"}
+_JSON_TYPE_OF = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object",
+                 type(None): "null"}
+# The order in which a value written as text is tried against its parameter's types (vLLM's).
+_TEXT_PRIORITY = ("null", "integer", "number", "boolean", "object", "array", "string")
+
+
+def schema_types(schema: Any, depth: int = 0) -> list[str]:
+    """The JSON Schema types a parameter's schema allows: `type` (a name or a list), the types of its `enum`
+    values, and those of `anyOf`/`oneOf`/`allOf` (what Pydantic writes for `Optional[int]`); aliases such as
+    `float` named as JSON Schema names them. Empty when the schema says nothing (any value)."""
+    if not isinstance(schema, dict) or depth > MAX_DEPTH:
+        return []
+    found: list[str] = []
+    kind = schema.get("type")
+    for name in [kind] if isinstance(kind, str) else kind if isinstance(kind, list) else []:
+        if isinstance(name, str):
+            found.append(_TYPE_ALIASES.get(name.strip().lower(), name.strip().lower()))
+    enum = schema.get("enum")
+    for value in enum if isinstance(enum, list) else []:
+        found.append(_JSON_TYPE_OF.get(type(value), "string"))
+    for field_name in ("anyOf", "oneOf", "allOf"):
+        choices = schema.get(field_name)
+        for choice in choices if isinstance(choices, list) else []:
+            found.extend(schema_types(choice, depth + 1))
+    return list(dict.fromkeys(found))
+
+
 def _is_type(value: Any, kinds: list[str]) -> bool:
     """Whether a decoded value has one of the JSON Schema types (a boolean is not an integer; unknown types pass)."""
     for kind in kinds:
@@ -297,7 +387,7 @@ def _from_text(value: str, kind: str) -> tuple[Any, str | None]:
             return stripped.lower() == "true", None
         return None, f"{stripped[:40]!r} is not true or false"
     if kind == "null":
-        return (None, None) if stripped.lower() in ("null", "none", "") else (None, f"{stripped[:40]!r} is not null")
+        return (None, None) if stripped.lower() == "null" else (None, f"{stripped[:40]!r} is not null")
     if kind in ("array", "object"):
         parsed, error = loads_literal(stripped)
         if error is None and isinstance(parsed, list if kind == "array" else dict):
@@ -318,11 +408,10 @@ def type_arguments(name: str, arguments: dict[str, Any], function: dict[str, Any
         return None, f"{name} needs the parameter {missing[0]!r}"
     typed: dict[str, Any] = {}
     for key, value in arguments.items():
-        kind = (properties.get(key) or {}).get("type")
-        kinds = [kind] if isinstance(kind, str) else list(kind or [])
-        if text_valued and isinstance(value, str) and kinds and "string" not in kinds:
+        kinds = schema_types(properties.get(key))
+        if text_valued and isinstance(value, str) and kinds:  # tried in vLLM's order: "null" is null, not text
             errors = []
-            for candidate in kinds:
+            for candidate in sorted(kinds, key=lambda k: _TEXT_PRIORITY.index(k) if k in _TEXT_PRIORITY else 6):
                 converted, error = _from_text(value, candidate)
                 if error is None:
                     value = converted
@@ -342,13 +431,28 @@ class Dialect(ABC):
     Class attributes say what the caller needs around the parser: `stop_strings` end a turn of calls besides the
     template's end-of-turn token (pass them to the generator); `multiple_calls` whether a turn may hold several;
     `arguments_as_string` whether the family's template expects `function.arguments` as a JSON string, not a
-    mapping; `end_tokens` the family's end-of-turn tokens, which `parse` drops from the end of a turn."""
+    mapping; `end_tokens` the family's end-of-turn tokens, which `parse` drops from the end of a turn;
+    `call_blocks` the (opener, closer) of its call blocks (None: the block runs to the end of the text), inside
+    which a `</think>` is the call's text, never the end of the reasoning; `think_tags` whether the family marks
+    reasoning with `<think>` tags at all (harmony-style families use channels)."""
 
     name: ClassVar[str]
     stop_strings: ClassVar[tuple[str, ...]] = ()
     end_tokens: ClassVar[tuple[str, ...]] = ()
     multiple_calls: ClassVar[bool] = True
     arguments_as_string: ClassVar[bool] = False
+    call_blocks: ClassVar[CallBlocks] = ()
+    think_tags: ClassVar[bool] = True
+    whole_turn_call: ClassVar[tuple[str, ...]] = ()  # a turn that starts with one of these is all one call
+
+    def split_reasoning(self, text: str, opened: bool = False) -> tuple[str, str]:
+        """(reasoning, content) of a turn (`retool_env.reasoning`): reasoning ends only at the model's own
+        `</think>`, outside every call block; `opened`: the context before the turn opened a think block."""
+        if not self.think_tags:
+            return "", text
+        if not opened and text.lstrip().startswith(self.whole_turn_call):
+            return "", text
+        return split_reasoning(text, opened, self.call_blocks)
 
     def parse(self, text: str, tools: Sequence[dict[str, Any]] | None = None) -> ParsedTurn:
         """The calls written in `text`, each typed by its tool's schema (unchecked when `tools` is None)."""

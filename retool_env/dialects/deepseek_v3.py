@@ -24,6 +24,7 @@ class DeepSeekV3(Dialect):
     name = "deepseek_v3"
     end_tokens = ("<｜end▁of▁sentence｜>",)
     arguments_as_string = True
+    call_blocks = ((CALLS_BEGIN, CALLS_END), (CALL_BEGIN, CALL_END))
 
     def _scan(self, text: str) -> Scan:
         scan = Scan()

@@ -51,8 +51,9 @@ def gemma_to_json(text: str) -> tuple[str | None, str | None]:
 
 def read_gemma_call(body: str) -> list[RawCall]:
     head, brace, rest = body.partition("{")
-    name = head.strip().removeprefix("call:").strip()
-    if not head.strip().startswith("call:") or not brace or not name:
+    head = head.strip()
+    name = head.removeprefix("call:").removeprefix(":").strip()  # `:NAME{` as some models write it, vLLM reads it
+    if not head.startswith(("call:", ":")) or not brace or not name:
         return [RawCall(None, error=f"write {CALL_START}call:NAME{{key:value}}{CALL_END}")]
     converted, error = gemma_to_json("{" + rest)
     if error is None and converted is not None:
@@ -79,6 +80,7 @@ class Gemma4(Dialect):
     name = "gemma4"
     end_tokens = ("<turn|>",)
     stop_strings = ("<|tool_response>",)
+    call_blocks = ((CALL_START, CALL_END),)
 
     def _scan(self, text: str) -> Scan:
         return scan_blocks(text, CALL_START, CALL_END, read_gemma_call)

@@ -44,6 +44,7 @@ class Glm45(Dialect):
     name = "glm45"
     end_tokens = ("<|user|>", "<|endoftext|>")
     stop_strings = ("<|observation|>",)
+    call_blocks = (("<tool_call>", "</tool_call>"),)
 
     def _scan(self, text: str) -> Scan:
         return scan_blocks(text, "<tool_call>", "</tool_call>", read_glm_call)

@@ -11,13 +11,22 @@ from collections.abc import Sequence
 
 from retool_env.dialects.base import Dialect, FunctionCall, Scan, read_json_call, scan_blocks
 
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
 
 class Hermes(Dialect):
     name = "hermes"
     end_tokens = ("<|im_end|>", "<|endoftext|>")
+    call_blocks = (("<tool_call>", "</tool_call>"),)
 
     def _scan(self, text: str) -> Scan:
-        return scan_blocks(text, "<tool_call>", "</tool_call>", lambda body: [read_json_call(body)])
+        scan = scan_blocks(text, OPEN, CLOSE, lambda body: [read_json_call(body)])
+        if scan.unfinished:  # the last call's JSON complete, its </tool_call> left out: read it, as vLLM does
+            call = read_json_call(text[text.rfind(OPEN) + len(OPEN):])
+            if call.error is None and text.rstrip().endswith("}"):
+                scan.calls.append(call)
+                scan.unfinished = False
+        return scan
 
     def call_text(self, calls: Sequence[FunctionCall]) -> str:
         return "\n".join(f'<tool_call>\n{{"name": "{call.name}", "arguments": '

@@ -20,13 +20,16 @@ def read_kimi_call(body: str) -> RawCall:
     call_id, sep, arguments = body.partition(ARGUMENTS)
     if not sep:
         return RawCall(None, error=f"a call needs {ARGUMENTS} between its id and its arguments")
-    name = call_id.strip().removeprefix("functions.").rpartition(":")[0] or call_id.strip()
+    name, colon, index = call_id.strip().removeprefix("functions.").rpartition(":")
+    if not colon or not index.isdigit() or not name:
+        return RawCall(None, error=f"a call's id is functions.NAME:INDEX, not {call_id.strip()[:60]!r}")
     return RawCall(name, *arguments_object(arguments.strip(), "arguments"))
 
 
 class KimiK2(Dialect):
     name = "kimi_k2"
     end_tokens = ("<|im_end|>",)
+    call_blocks = ((SECTION_BEGIN, SECTION_END), (CALL_BEGIN, CALL_END))
 
     def _scan(self, text: str) -> Scan:
         scan = Scan()

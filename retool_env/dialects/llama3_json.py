@@ -17,6 +17,7 @@ from retool_env.dialects.base import (
     FunctionCall,
     RawCall,
     Scan,
+    bracket_end,
     json_depth_ok,
     named_arguments,
 )
@@ -57,13 +58,24 @@ class Llama3Json(Dialect):
     end_tokens = ("<|eot_id|>", "<|eom_id|>")
     stop_strings = ("<|eom_id|>",)
     multiple_calls = False
+    call_blocks = (("<|python_tag|>", None), ('{"name"', bracket_end))  # a call object, read string-aware
+    whole_turn_call = ("{", "<|python_tag|>")
 
     def _scan(self, text: str) -> Scan:
         body = text.strip()
         body = body.removeprefix("<|python_tag|>").lstrip()
-        if not body.startswith("{"):
+        if body.startswith("{"):
+            return Scan(calls=read_json_sequence(body))
+        start = body.find("{")  # prose first: vLLM reads a call object that follows it
+        if start < 0 or not json_depth_ok(body[start:]):
             return Scan(content=[text])
-        return Scan(calls=read_json_sequence(body))
+        try:
+            call, _ = _DECODER.raw_decode(body, start)
+        except json.JSONDecodeError:
+            return Scan(content=[text])
+        if not isinstance(call, dict) or "name" not in call:
+            return Scan(content=[text])
+        return Scan(calls=read_json_sequence(body[start:]), content=[body[:start]])
 
     def call_text(self, calls: Sequence[FunctionCall]) -> str:
         return "; ".join(json.dumps({"name": call.name, "parameters": call.arguments}, ensure_ascii=False)

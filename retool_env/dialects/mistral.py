@@ -20,6 +20,7 @@ from retool_env.dialects.base import (
     arguments_object,
     json_depth_ok,
     named_arguments,
+    read_json_call,
 )
 
 TOOL_CALLS, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
@@ -38,17 +39,30 @@ def _read_list(text: str) -> list[RawCall]:
     return [named_arguments(call, ("name",), ("arguments", "parameters")) for call in calls]
 
 
-def _read_v11(piece: str) -> RawCall:
+def _read_v11(piece: str) -> tuple[RawCall, str]:
+    """One `NAME[ARGS]{json}` call (`NAME{json}` too, as vLLM reads it), and the text after its arguments."""
     head, sep, arguments = piece.partition(ARGS)
     if not sep:
-        return RawCall(None, error=f"write {TOOL_CALLS}NAME{ARGS}{{...}} for each call")
+        brace = piece.find("{")
+        if brace < 0:
+            return RawCall(None, error=f"write {TOOL_CALLS}NAME{ARGS}{{...}} for each call"), ""
+        head, arguments = piece[:brace], piece[brace:]
     name = head.partition(CALL_ID)[0].strip()
-    return RawCall(name, *arguments_object(arguments.strip(), "arguments"))
+    arguments = arguments.strip()
+    after = ""
+    if arguments.startswith("{") and json_depth_ok(arguments):
+        try:  # the object, and any text the model wrote after it (content, as vLLM reads it)
+            _, end = _DECODER.raw_decode(arguments)
+            arguments, after = arguments[:end], arguments[end:]
+        except json.JSONDecodeError:
+            pass
+    return RawCall(name, *arguments_object(arguments, "arguments")), after
 
 
 class Mistral(Dialect):
     name = "mistral"
     end_tokens = ("</s>",)
+    call_blocks = ((TOOL_CALLS, None),)
 
     def _scan(self, text: str) -> Scan:
         pieces = text.split(TOOL_CALLS)
@@ -56,8 +70,12 @@ class Mistral(Dialect):
         for piece in pieces[1:MAX_CALLS + 2]:
             if piece.lstrip().startswith("["):
                 scan.calls.extend(_read_list(piece.strip()))
+            elif piece.lstrip().startswith("{"):  # a bare call object (pre-v11)
+                scan.calls.append(read_json_call(piece))
             else:
-                scan.calls.append(_read_v11(piece))
+                call, after = _read_v11(piece)
+                scan.calls.append(call)
+                scan.content.append(after)
         return scan
 
     def call_text(self, calls: Sequence[FunctionCall]) -> str:

@@ -41,6 +41,7 @@ class OpenAIHarmony(Dialect):
     end_tokens = ("<|return|>", "<|end|>")
     stop_strings = ("<|call|>",)
     multiple_calls = False
+    think_tags = False  # reasoning is the analysis channel
 
     def _scan(self, text: str) -> Scan:
         if "<|message|>" not in text:  # no harmony markup at all: plain text is the answer
@@ -52,7 +53,7 @@ class OpenAIHarmony(Dialect):
             header, body = _split_body(segment)
             recipient = _recipient(header)
             if recipient is None:
-                if "<|channel|>final" in header:
+                if "<|channel|>final" in header or "<|channel|>commentary" in header:  # the answer, a preamble
                     scan.content.append(body)
                 continue
             if not recipient.startswith("functions."):

@@ -18,6 +18,7 @@ from retool_env.dialects.base import (
     FunctionCall,
     RawCall,
     Scan,
+    bracket_end,
     loads_literal,
     string_end,
 )
@@ -115,6 +116,9 @@ def read_python_calls(text: str) -> list[RawCall]:
             return [*calls, RawCall(None, error=f"expected , between calls at {s[i:i + 30]!r}")]
 
 
+CALL_LIST = re.compile(r"\[[ \t\r\n]*[A-Za-z_][A-Za-z0-9_.\-]*\(")  # `[name(`: no backtracking across a `[`
+
+
 def python_call_list(calls: Sequence[FunctionCall]) -> str:
     """Calls as a Python list with JSON values (what LFM2's later templates render, valid Python for strings)."""
     written = (f"{call.name}({', '.join(f'{k}={json.dumps(v, ensure_ascii=False)}' for k, v in call.arguments.items())})"
@@ -125,6 +129,8 @@ def python_call_list(calls: Sequence[FunctionCall]) -> str:
 class Pythonic(Dialect):
     name = "pythonic"
     end_tokens = ("<|eot|>", "<|eom|>", "<|eot_id|>", "<|eom_id|>")
+    call_blocks = (("<|python_start|>", "<|python_end|>"), (CALL_LIST, bracket_end))
+    whole_turn_call = ("[", "<|python_start|>")
 
     def _scan(self, text: str) -> Scan:
         body = text.strip()

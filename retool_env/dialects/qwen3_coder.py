@@ -18,9 +18,46 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from retool_env.dialects.base import MAX_CALLS, Dialect, Finder, FunctionCall, RawCall, Scan, scan_blocks
+from retool_env.dialects.base import MAX_CALLS, Dialect, Finder, FunctionCall, RawCall, Scan
 
 FUNCTION, FUNCTION_END, PARAMETER, PARAMETER_END = "<function=", "</function>", "<parameter=", "</parameter>"
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+
+class _BlockEnds:
+    """Where each `<tool_call>` block of one text ends, as vLLM reads it: at the first `</tool_call>` that follows
+    a `</function>` (a value may hold the text `</tool_call>`), else at the first `</tool_call>`. Linear over the
+    blocks of the text: once no such pair is left, none is searched for again."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.pairs_left = True
+
+    def close(self, start: int) -> int:
+        """The index of the `</tool_call>` that ends the block whose inside starts at `start`, or -1."""
+        text = self.text
+        if self.pairs_left:
+            function_end = text.find(FUNCTION_END, start)
+            while function_end >= 0:
+                after = function_end + len(FUNCTION_END)
+                while after < len(text) and text[after] in " \t\r\n":
+                    after += 1
+                if text.startswith(CLOSE, after):
+                    return after
+                function_end = text.find(FUNCTION_END, after)
+            self.pairs_left = False
+        return text.find(CLOSE, start)
+
+
+_last_ends: list[_BlockEnds] = [_BlockEnds("")]  # the text `block_end` last read: its blocks are asked in order
+
+
+def block_end(text: str, start: int) -> int:
+    """The end of the `<tool_call>` block opening at `start` (-1: it runs to the end of the text)."""
+    if _last_ends[0].text is not text:
+        _last_ends[0] = _BlockEnds(text)
+    close = _last_ends[0].close(start + len(OPEN))
+    return close + len(CLOSE) if close >= 0 else -1
 
 
 def _strip_layout(value: str) -> str:
@@ -29,8 +66,8 @@ def _strip_layout(value: str) -> str:
 
 
 def read_function(body: str) -> list[RawCall]:
-    """The `<function=NAME>` elements of one `<tool_call>` block (a block normally holds one). Read in order: a
-    value runs to its `</parameter>`, so code may hold `<parameter=` or `</function>` itself."""
+    """The `<function=NAME>` elements of one `<tool_call>` block (a block normally holds one). Read in order, as
+    vLLM reads them: a value runs to the first `</parameter>`, `<parameter=` or `</function>` after it."""
     calls: list[RawCall] = []
     finder, position = Finder(body), 0
     while len(calls) <= MAX_CALLS:
@@ -67,10 +104,14 @@ def _read_parameters(body: str, finder: Finder, position: int) -> tuple[dict[str
             return arguments, position, f"{PARAMETER} is not closed with >"
         key = body[position + len(PARAMETER):head_end].strip()
         close = finder.find(PARAMETER_END, head_end)
-        if close < 0:  # an unclosed value ends at the next parameter or at </function>, as vLLM reads it
-            ends = [i for i in (finder.find(PARAMETER, head_end), finder.find(FUNCTION_END, head_end)) if i >= 0]
-            close = min(ends, default=len(body))
+        # A value whose </parameter> is missing ends at the next parameter or at </function>, as vLLM reads it
+        unclosed = [i for i in (finder.find(PARAMETER, head_end), finder.find(FUNCTION_END, head_end))
+                    if i >= 0 and (close < 0 or i < close)]
+        if unclosed:
+            close = min(unclosed)
             value, position = body[head_end + 1:close].rstrip(), close
+        elif close < 0:
+            value, position = body[head_end + 1:].rstrip(), len(body)
         else:
             value, position = body[head_end + 1:close], close + len(PARAMETER_END)
         if key in arguments:
@@ -90,12 +131,28 @@ def parameter_text(value: object) -> str:
 class Qwen3Coder(Dialect):
     name = "qwen3_coder"
     end_tokens = ("<|im_end|>", "<|endoftext|>")
+    call_blocks = ((OPEN, block_end), (FUNCTION, FUNCTION_END))
 
     def _scan(self, text: str) -> Scan:
-        if "<tool_call>" not in text and "<function=" in text:  # the wrapper forgotten, as vLLM accepts
-            start = text.find("<function=")
+        if OPEN not in text and FUNCTION in text:  # the wrapper forgotten, as vLLM accepts
+            start = text.find(FUNCTION)
             return Scan(calls=read_function(text[start:]), content=[text[:start]])
-        return scan_blocks(text, "<tool_call>", "</tool_call>", read_function)
+        scan, ends, position = Scan(), _BlockEnds(text), 0
+        while True:
+            opened = text.find(OPEN, position)
+            if opened < 0:
+                scan.content.append(text[position:])
+                return scan
+            scan.content.append(text[position:opened])
+            inside = opened + len(OPEN)
+            closed = ends.close(inside)
+            if closed < 0:
+                scan.unfinished = True
+                return scan
+            scan.calls.extend(read_function(text[inside:closed]))
+            if len(scan.calls) > MAX_CALLS:
+                return scan
+            position = closed + len(CLOSE)
 
     def call_text(self, calls: Sequence[FunctionCall]) -> str:
         blocks = []

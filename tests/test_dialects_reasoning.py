@@ -1,0 +1,102 @@
+"""Reasoning ends only at the model's own `</think>` outside any tool call, in every dialect, through `env.step`.
+
+A `</think>` written inside a call's code is the code's text: the call runs, and the turn is no answer. Were it the
+end of the reasoning, the call would not run, the turn would be graded, and a `\\boxed{}` in the code string would
+be read as the answer. Tokenizers are Qwen's real vocabulary built offline (with each family's template and its
+special tokens where TRL ships one, see `tests.test_dialect_parity.family_tokenizer`).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from retool_env import ToolEnvironment
+from retool_env.dialects import DIALECTS, FunctionCall, get_dialect
+from retool_env.formats import encode
+from retool_env.reasoning import graded_text, reasoning_end, split_reasoning
+from tests.test_chat_templates import PROBLEM
+from tests.test_dialect_parity import NAMES, family_tokenizer
+
+# One TRL template per dialect that has one (the family's tokenizer); the others run on Qwen's own template.
+TEMPLATE = {"hermes": "qwen3", "qwen3_coder": "qwen3_6", "openai": "gptoss", "llama3_json": "llama3_1",
+            "glm45": "glm4moe", "deepseek_v3": "deepseekv3", "gemma4": "gemma4", "lfm2": "lfm2_v2",
+            "atem": "muse_glimmer"}
+# The answer hidden in the code string; the problem's gold is 42.
+CODE = 's = "</think>\\\\boxed{42}"\nprint(len(s))'
+
+
+def environment(dialect: str, qwen_tok) -> ToolEnvironment:
+    name = TEMPLATE.get(dialect)
+    if name is not None and name in NAMES:
+        return ToolEnvironment(family_tokenizer(name), [PROBLEM], tool_format=dialect)
+    return ToolEnvironment(qwen_tok, [PROBLEM], tool_format=dialect)
+
+
+def step_text(env: ToolEnvironment, text: str, close_prompts_think_block: bool = False):
+    env.reset(options={"problem": PROBLEM})
+    if close_prompts_think_block and env._thinking:  # the generation prompt opened a think block (R1, Qwen3.5)
+        text = "Let me run it.\n</think>\n\n" + text
+    end = env.format.turn_end_id
+    return env.step([*encode(env.tokenizer, text), end])
+
+
+@pytest.mark.parametrize("dialect", sorted(DIALECTS))
+def test_a_think_end_inside_the_code_neither_skips_the_call_nor_is_graded(dialect, qwen_tok):
+    env = environment(dialect, qwen_tok)
+    text = get_dialect(dialect).call_text([FunctionCall("code_interpreter", {"code": CODE})])
+    obs, reward, terminated, truncated, info = step_text(env, text, close_prompts_think_block=True)
+    assert not (terminated or truncated), f"the call was read as the answer (reward {reward})"
+    assert [r["status"] for r in info["tool_results"]] == ["ok"]
+    assert env.trajectory.tool_calls[0].code == CODE
+
+
+@pytest.mark.parametrize("dialect", sorted(d for d in DIALECTS if get_dialect(d).think_tags))
+def test_reasoning_left_open_around_a_call_is_never_graded(dialect, qwen_tok):
+    """The model opens its reasoning, writes a call whose code holds `</think>\\boxed{42}`, and ends its turn
+    without a `</think>` of its own: the turn is all reasoning, no answer (a call inside reasoning is not run)."""
+    env = environment(dialect, qwen_tok)
+    text = "<think>\nLet me try.\n" + get_dialect(dialect).call_text([FunctionCall("code_interpreter",
+                                                                                    {"code": CODE})])
+    obs, reward, terminated, truncated, info = step_text(env, text)
+    assert terminated and info["tool_results"] == [] and not env.trajectory.correct
+    assert env.trajectory.graded_text == "" and reward < 0
+
+
+# Mistral's `[TOOL_CALLS]` runs to the end of the turn: a `</think>` after it is the call's text.
+@pytest.mark.parametrize("dialect", sorted(d for d in DIALECTS if get_dialect(d).think_tags and d != "mistral"))
+def test_the_models_own_think_end_after_a_call_still_ends_its_reasoning(dialect, qwen_tok):
+    env = environment(dialect, qwen_tok)
+    call = get_dialect(dialect).call_text([FunctionCall("code_interpreter", {"code": "print(1)"})])
+    obs, reward, terminated, truncated, info = step_text(env, f"<think>\n{call}\n</think>\n\nThe answer is "
+                                                              "\\boxed{42}.")
+    assert terminated and env.trajectory.correct and reward > 0
+
+
+def test_reasoning_end_skips_call_blocks_in_linear_time():
+    blocks = [("<tool_call>", "</tool_call>"), ("[TOOL_CALLS]", None)]
+    assert reasoning_end("a</think>b", blocks) == 1
+    assert split_reasoning("<tool_call>x</think>y</tool_call>z</think>w", False, blocks)[1] == "w"
+    assert split_reasoning("<tool_call>x</think>y", True, blocks) == ("<tool_call>x</think>y", "")
+    assert split_reasoning("[TOOL_CALLS]f[ARGS]{}</think>x", False, blocks) == ("", "[TOOL_CALLS]f[ARGS]{}</think>x")
+    assert graded_text("a</think>b") == "</think>a</think>b" and graded_text("answer") == "answer"
+    import time
+
+    for text in ("<tool_call></tool_call>" * 50_000 + "</think>", "<tool_call></think></tool_call>" * 50_000):
+        started = time.perf_counter()
+        reasoning_end(text, blocks)
+        assert time.perf_counter() - started < 2.0
+
+
+@pytest.mark.parametrize("dialect", sorted(DIALECTS))
+def test_the_reasoning_split_is_linear_on_hostile_text(dialect):
+    """Repeated call openers (closed, unclosed, or not calls at all) before and between `</think>`s."""
+    import time
+
+    split = get_dialect(dialect).split_reasoning
+    openers = [o if isinstance(o, str) else "[f(" for o, _ in get_dialect(dialect).call_blocks] or ["<tool_call>"]
+    for opener in openers:
+        for unit in (opener, opener + "</think>", '{"name": "f", "a": [', "[f(x, '", "{ ", "[0, 1) "):
+            text = unit * (200_000 // len(unit)) + "</think>"
+            started = time.perf_counter()
+            split(text, True)
+            assert time.perf_counter() - started < 1.0, (opener, unit)
