@@ -35,6 +35,7 @@ fixed shapes in `HFGenerator`), so two runs of one command on one machine give i
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import multiprocessing
@@ -55,12 +56,12 @@ from retool_env.rollout import derive_seed
 ROOT = Path(__file__).resolve().parent.parent
 
 
-# The miniature's environment: the paper's format, small budgets (every EnvConfig field is a flag as well).
-# The self-correction recipe (README, "Self-correction from injected faults") adds to these `--fault_rate 0.2
-# --coldstart_fault_share 0.5 --max_tool_calls 3 --max_completion_tokens 192`: three calls, so that a retry refused
-# again can still recover, and the tokens three digit-sum calls and the answer need.
-MINIATURE_ENV = EnvConfig.with_defaults(tool_format="retool", prompt="plain", max_tool_calls=2, max_turn_tokens=48,
-                                        max_completion_tokens=160, max_observation_tokens=48)
+# The miniature's environment: the paper's format, small budgets (every EnvConfig field is a flag as well), a fifth
+# of the tool calls refused before they run (`fault_rate`: a failure any model can recover from by calling again, so
+# self-correction is measured on every run), three calls, so that a retry refused again can still recover, and the
+# tokens three digit-sum calls and the answer need.
+MINIATURE_ENV = EnvConfig.with_defaults(tool_format="retool", prompt="plain", max_tool_calls=3, max_turn_tokens=48,
+                                        max_completion_tokens=192, max_observation_tokens=48, fault_rate=0.2)
 
 
 @dataclass
@@ -78,6 +79,9 @@ class Arguments(MINIATURE_ENV):  # type: ignore[misc,valid-type]  # a dataclass 
                                                                 "metrics are those of one arm after the other); "
                                                                 "the seed then takes about as long as its slower "
                                                                 "arm. --no_parallel_arms: one after the other."})
+    copy_probe_only: bool = field(default=False, metadata={"help": "Per seed, stop after the tool arm's SFT and "
+                                                                     "its held-out copy probe (no GRPO, no other "
+                                                                     "evaluation): summary.json holds the probes."})
     records: bool = field(default=False, metadata={"help": "Record every RL episode of the tool arm in "
                                                            "seed<k>/tool/records.jsonl (retool-env regrade)."})
     # data
@@ -95,15 +99,11 @@ class Arguments(MINIATURE_ENV):  # type: ignore[misc,valid-type]  # a dataclass 
                                                                    "copying skill."})
     self_correct_share: float = field(default=0.15, metadata={"help": "Cold start: share whose first code fails "
                                                                        "and is fixed."})
-    coldstart_fault_share: float = field(default=0.0, metadata={"help": "Cold start: share of the plain code "
+    coldstart_fault_share: float = field(default=0.5, metadata={"help": "Cold start: share of the plain code "
                                                                          "solutions whose first call is refused "
                                                                          "as `--fault_rate` (EnvConfig's, in GRPO "
-                                                                         "and evaluation) refuses calls. At 0.3 "
-                                                                         "(114 retries in 2,000 solutions) SFT "
-                                                                         "taught retrying too rarely; at 0.7 "
-                                                                         "seed 0's SFT did not learn to copy long "
-                                                                         "outputs into the answer; 0.5 learnt "
-                                                                         "both (BENCHMARKS.md, Pilot)."})
+                                                                         "and evaluation) refuses calls. Default "
+                                                                         "0.5, range 0-1."})
     coldstart_retry_share: float = field(default=0.75, metadata={"help": "Cold start: share of the refused calls "
                                                                           "followed by the same call again; the "
                                                                           "rest answer at once (a guess), so RL has "
@@ -119,6 +119,18 @@ class Arguments(MINIATURE_ENV):  # type: ignore[misc,valid-type]  # a dataclass 
     num_kv_heads: int = field(default=2, metadata={"help": "Key/value heads (one per query head). With one shared "
                                                            "by both, copying digits formed as late as SFT step 670 "
                                                            "in three seeds; with two, by step 410 (BENCHMARKS.md)."})
+    # copy pretraining
+    copy_pretrain_steps: int = field(default=600, metadata={"help": "Most steps (batches of 32) of the copy "
+                                                                   "pretraining, which stops once the model copies "
+                                                                   "--copy_pretrain_target of held-out spans (checked "
+                                                                   "every 50 steps); 0: none, SFT starts from the "
+                                                                   "random model. Default 600, range 0 or more."})
+    copy_pretrain_target: float = field(default=0.95, metadata={"help": "Share of held-out spans of generic copy "
+                                                                        "text copied exactly that ends the copy "
+                                                                        "pretraining. Default 0.95, range 0-1."})
+    copy_cache: str = field(default=str(ROOT / "runs" / "copy-cache"), metadata={
+        "help": "Folder of copy-pretrained models, one per random model, tokenizer and settings, reused by runs that "
+                "build the same (default: runs/copy-cache; '' builds every time and keeps none)."})
     # cold-start SFT
     sft_epochs: float = field(default=7.0, metadata={"help": "Epochs over the tool arm's cold start; the text arm "
                                                               "takes as many steps. Copying the interpreter's "
@@ -161,6 +173,7 @@ class Arguments(MINIATURE_ENV):  # type: ignore[misc,valid-type]  # a dataclass 
         self.train_per_level, self.test_per_level = 24, 4
         self.num_layers, self.sft_epochs, self.rl_steps, self.rl_prompts_per_step = 2, 1.0, 2, 2
         self.num_generations, self.eval_samples, self.eval_every = 4, 2, 1
+        self.copy_pretrain_steps = 10
 
 
 def env_settings(args: Arguments, arm: str, seed: int = 0) -> EnvConfig:
@@ -211,6 +224,7 @@ def run_sft(args: Arguments, arm: str, model_dir: Path, data: Path, out: Path, s
         "max_steps": steps, "per_device_train_batch_size": args.sft_batch_size,
         "learning_rate": args.sft_learning_rate, "warmup_steps": 10, **sft_schedule(args, steps),
         "max_length": 256, "gradient_checkpointing": False,  # on by default in TRL; a tiny model only pays for it
+        "train_sampling_strategy": "group_by_length",  # batches of similar lengths: less padding to compute
         "logging_steps": 10, "save_strategy": "no", "report_to": "none",
     }
     yaml_path = write_yaml(out.parent / "sft.yaml", config)
@@ -273,6 +287,136 @@ def evaluate_rows(args: Arguments, arm: str, model_dir: Path, problems: list, ou
     return level_rows(evaluate_model(args, arm, model_dir, problems, out, seed, n_samples)), time.time() - t0
 
 
+COPY_BATCH_SIZE, COPY_CHECK_EVERY, COPY_HELD_OUT = 32, 50, 256
+
+
+def copy_cache_key(args: Arguments, init_dir: Path, seed: int) -> str:
+    """What a copy-pretrained model depends on: the random model and tokenizer it starts from, its settings and the
+    code that writes its text and trains it."""
+    import hashlib
+    import inspect
+
+    from miniature_data import copy_sequences
+
+    digest = hashlib.sha256()
+    for name in ("model.safetensors", "tokenizer.json", "config.json"):
+        digest.update((init_dir / name).read_bytes())
+    digest.update(json.dumps([seed, args.copy_pretrain_steps, args.copy_pretrain_target, args.sft_learning_rate,
+                              COPY_BATCH_SIZE, COPY_CHECK_EVERY, COPY_HELD_OUT]).encode())
+    digest.update((inspect.getsource(copy_sequences) + inspect.getsource(pretrain_copy)).encode())
+    return digest.hexdigest()[:16]
+
+
+def pretrain_copy(args: Arguments, init_dir: Path, out: Path, seed: int) -> dict:
+    """Pretrain the random model on generic copy text (`miniature_data.copy_sequences`: a span after a marker, seen
+    again after the same marker) until it copies held-out spans exactly (`copy_pretrain_target`), checked every
+    50 steps, or for `copy_pretrain_steps`; save it to `out`. A real base model arrives able to copy; a random one
+    learns it in SFT at a seed-dependent step or not at all, and RL cannot add it. Returns what it did."""
+    import torch
+    from miniature_data import copy_sequences
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(init_dir)
+    special = set(tokenizer.all_special_ids)
+    token_ids = [i for i in range(tokenizer.vocab_size) if i not in special]  # the BPE's own: no added tags
+    digit_ids = tokenizer.convert_tokens_to_ids(list("0123456789"))
+    model = AutoModelForCausalLM.from_pretrained(init_dir, dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.sft_learning_rate, weight_decay=0.0)
+
+    def batch(sequences: list[tuple[list[int], int]]) -> tuple:
+        width = max(len(ids) for ids, _ in sequences)
+        pad = tokenizer.pad_token_id
+        input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids, _ in sequences])
+        attention_mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in sequences])
+        labels = torch.tensor([[-100] * start + ids[start:] + [-100] * (width - len(ids)) for ids, start in sequences])
+        return input_ids, attention_mask, labels
+
+    def exact_copies(sequences: list[tuple[list[int], int]]) -> float:
+        input_ids, attention_mask, labels = batch(sequences)
+        with torch.no_grad():
+            predicted = model(input_ids=input_ids, attention_mask=attention_mask).logits.argmax(-1)
+        right = (predicted[:, :-1] == labels[:, 1:]) | (labels[:, 1:] == -100)
+        return right.all(dim=1).float().mean().item()
+
+    held_out = copy_sequences(token_ids, digit_ids, COPY_HELD_OUT, seed=f"{seed}:held-out")
+    t0, step, accuracy = time.time(), 0, exact_copies(held_out)
+    model.train()
+    while accuracy < args.copy_pretrain_target and step < args.copy_pretrain_steps:
+        step += 1
+        input_ids, attention_mask, labels = batch(copy_sequences(token_ids, digit_ids, COPY_BATCH_SIZE,
+                                                                 seed=f"{seed}:{step}"))
+        model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if step % COPY_CHECK_EVERY == 0 or step == args.copy_pretrain_steps:
+            accuracy = exact_copies(held_out)
+            print(f"copy pretraining: step {step}, held-out spans copied exactly {accuracy:.3f}", flush=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return {"steps": step, "held_out_copied": accuracy, "seconds": round(time.time() - t0, 1)}
+
+
+def copy_pretrained(args: Arguments, init_dir: Path, seed_dir: Path, seed: int) -> tuple[Path, dict]:
+    """`pretrain_copy`'s model for this seed, from the cache (`copy_cache`) when it holds one built from the same
+    model, tokenizer, settings and code; (init_dir, {}) when `copy_pretrain_steps` is 0."""
+    if not args.copy_pretrain_steps:
+        return init_dir, {}
+    out = seed_dir / "model-copy"
+    shutil.rmtree(out, ignore_errors=True)
+    cached = Path(args.copy_cache) / copy_cache_key(args, init_dir, seed) if args.copy_cache else None
+    if cached is not None and (cached / "copy.json").exists():
+        shutil.copytree(cached, out)
+        return out, {**json.loads((out / "copy.json").read_text()), "cached": True}
+    print(f"\n== seed {seed}: copy pretraining ==", flush=True)
+    done = pretrain_copy(args, init_dir, out, seed)
+    (out / "copy.json").write_text(json.dumps(done))
+    if cached is not None:
+        tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
+        shutil.copytree(out, tmp, dirs_exist_ok=True)
+        os.replace(tmp, cached) if not cached.exists() else shutil.rmtree(tmp)
+    return out, {**done, "cached": False}
+
+
+def copy_probe(args: Arguments, model_dir: Path, test: list, seed: int, out: Path) -> dict:
+    """Held-out copy probe: the hard test problems' plain code solutions (`write_coldstart`, real outputs) replayed
+    as in SFT, read by the model once; a solution counts as copied when the model's most likely next token is right
+    at every token of its code (the question's numbers into the call) or of its boxed answer (the interpreter's
+    digits into the answer), which is what greedy decoding would write. Per hard level and pooled (`hard`)."""
+    import torch
+    from miniature_data import write_coldstart
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from retool_env.coldstart import build_coldstart, retool_sft_solutions
+    from retool_env.data import load_retool_sft
+
+    hard = [p for p in test if p.level != "easy"]
+    write_coldstart(hard, ["code"] * len(hard), out, seed)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    rows = build_coldstart(retool_sft_solutions(load_retool_sft(out)), tokenizer,
+                           **{**env_settings(args, "tool", seed), "fault_rate": 0.0})
+    level_of = {p.id: p.level for p in hard}
+    counts: dict[str, dict[str, int]] = {}
+    for row in rows:
+        ids, mask = row["input_ids"], row["assistant_masks"]
+        pieces = [tokenizer.decode([i]) for i in ids]
+        starts = list(itertools.accumulate((len(p) for p in pieces), initial=0))
+        text = "".join(pieces)
+        code_at = text.rindex("```python\n") + len("```python\n")
+        answer_at = text.rindex("\\boxed{") + len("\\boxed{")
+        spans = {"code": (code_at, text.index("\n```", code_at)), "answer": (answer_at, text.index("}", answer_at))}
+        with torch.no_grad():
+            predicted = model(input_ids=torch.tensor([ids])).logits[0].argmax(-1).tolist()
+        for level in (level_of[row["id"]], "hard"):
+            count = counts.setdefault(level, {"problems": 0, "code": 0, "answer": 0})
+            count["problems"] += 1
+            for name, (begin, end) in spans.items():
+                positions = [t for t in range(1, len(ids)) if begin <= starts[t] < end and mask[t]]
+                count[name] += all(predicted[t - 1] == ids[t] for t in positions)
+    return {level: {"problems": c["problems"], "code_copied": c["code"] / c["problems"],
+                    "answer_copied": c["answer"] / c["problems"]} for level, c in counts.items()}
+
+
 def rl_curve(grpo_dir: Path) -> list[dict]:
     """Per-step training metrics of the GRPO run (TRL's log history)."""
     history = json.loads((grpo_dir / "trainer_state.json").read_text())["log_history"]
@@ -315,8 +459,11 @@ def run_seed(args: Arguments, seed: int, out: Path, log, start: float) -> dict:
                                num_layers=args.num_layers, num_heads=args.hidden_size // 64,
                                num_kv_heads=args.num_kv_heads, seed=seed,
                                initializer_range=0.02)  # Qwen's own scale; the default (10x) learned slower here
+    init_dir, copy = copy_pretrained(args, init_dir, seed_dir, seed)  # both arms start from it
+    if copy:
+        log({"seed": seed, "event": "copy_pretrain", **copy})
 
-    results: dict = {"seed": seed, "curves": {}, "heldout": {}}
+    results: dict = {"seed": seed, "copy_pretrain": copy, "curves": {}, "heldout": {}, "copy_probe": {}}
     arms = args.arms.split(",")
     if args.parallel_arms and len(arms) > 1:
         # One process per arm (spawned: no forked torch or sandbox state); each returns its log records, written here
@@ -331,7 +478,9 @@ def run_seed(args: Arguments, seed: int, out: Path, log, start: float) -> dict:
     for arm, (arm_result, records) in zip(arms, outcomes, strict=True):
         for record in records:
             log(record)
-        results[arm], results["curves"][arm], results["heldout"][arm] = arm_result
+        results[arm], results["curves"][arm], results["heldout"][arm], probe = arm_result
+        if probe:
+            results["copy_probe"][arm] = probe
     return results
 
 
@@ -355,9 +504,9 @@ def run_arm_process(args: Arguments, seed: int, arm: str, arm_dir: Path, init_di
 
 
 def run_arm(args: Arguments, seed: int, arm: str, arm_dir: Path, init_dir: Path, train: list, train_path: Path,
-            test: list, log) -> tuple[dict, list[dict], list[dict]]:
+            test: list, log) -> tuple[dict, list[dict], list[dict], dict]:
     """Cold start, SFT, GRPO and held-out evaluations of one arm: (rows per stage, RL training curve, held-out
-    evaluations against RL steps: after SFT, every `eval_every` steps, after RL)."""
+    evaluations against RL steps: after SFT, every `eval_every` steps, after RL, the copy probe after SFT)."""
     from miniature_data import coldstart_kinds, write_coldstart
 
     shutil.rmtree(arm_dir, ignore_errors=True)  # a rerun into the same folder must not evaluate stale checkpoints
@@ -395,13 +544,19 @@ def run_arm(args: Arguments, seed: int, arm: str, arm_dir: Path, init_dir: Path,
         return rows
 
     try:
-        before_sft = start_eval("before_sft", init_dir)
+        before_sft = None if args.copy_probe_only else start_eval("before_sft", init_dir)
         print(f"\n== seed {seed} / {arm}: cold-start SFT ==", flush=True)
         t0 = time.time()
         # Both arms take the same number of SFT steps: `sft_epochs` over the tool arm's (larger) cold start.
         steps = math.ceil(args.sft_epochs * len(train) / args.sft_batch_size)
         sft_dir = run_sft(args, arm, init_dir, arm_dir / "coldstart.jsonl", arm_dir / "sft", seed, steps)
         sft_s = time.time() - t0
+        probe = {}
+        if arm == "tool":  # the text arm has no interpreter output to copy
+            probe["after_sft"] = copy_probe(args, sft_dir, test, seed, arm_dir / "copy_probe.jsonl")
+            log({"seed": seed, "arm": arm, "event": "copy_probe", "stage": "after_sft", "levels": probe["after_sft"]})
+        if before_sft is None:  # --copy_probe_only
+            return {}, [], [], probe
         stages = {"before_sft": logged("before_sft", before_sft)}
         after_sft = start_eval("after_sft", sft_dir)
         print(f"\n== seed {seed} / {arm}: GRPO ({args.rl_steps} steps) ==", flush=True)
@@ -423,7 +578,7 @@ def run_arm(args: Arguments, seed: int, arm: str, arm_dir: Path, init_dir: Path,
         if pool is not None:
             pool.shutdown(cancel_futures=True)
     heldout.append({"step": args.rl_steps, "levels": stages["after_rl"]})
-    return stages, curve, heldout
+    return stages, curve, heldout, probe
 
 
 def seed_list(args: Arguments) -> list[int]:
@@ -440,6 +595,8 @@ def main(args: Arguments) -> Path:
     if args.coldstart_fault_share and args.coldstart_again_share and args.max_tool_calls < 3:
         raise ValueError(f"--coldstart_again_share {args.coldstart_again_share} shows a third call: it needs "
                          f"--max_tool_calls 3 or more (got {args.max_tool_calls}), or --coldstart_again_share 0")
+    if args.copy_probe_only:
+        args.arms = "tool"
     out = Path(args.out or ROOT / "runs" / f"miniature-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()
@@ -453,6 +610,9 @@ def main(args: Arguments) -> Path:
         results = [run_seed(args, seed, out, log, start) for seed in seed_list(args)]
         wall = time.time() - start
         log({"event": "done", "wall_seconds": round(wall, 1)})
+    if args.copy_probe_only:
+        (out / "summary.json").write_text(json.dumps({"wall_seconds": wall, "results": results}, indent=2))
+        return out
     (out / "summary.json").write_text(json.dumps({"wall_seconds": wall, "results": results,
                                                   "criteria": [criteria(r) for r in results]}, indent=2))
     write_report(args, out, results, wall)
