@@ -589,6 +589,43 @@ def seed_list(args: Arguments) -> list[int]:
     return seeds
 
 
+# Settings that change no metric: where and how fast a run goes, and which seeds it runs.
+NOT_RESULT_SETTINGS = ("out", "seeds", "seed", "seed_list", "parallel_arms", "eval_processes", "records", "copy_cache")
+
+
+def result_settings(args: Arguments) -> dict:
+    """The settings a seed's metrics depend on (every flag but `NOT_RESULT_SETTINGS`)."""
+    return {key: value for key, value in asdict(args).items() if key not in NOT_RESULT_SETTINGS}
+
+
+def seed_summary_path(out: Path, seed: int) -> Path:
+    return out / f"seed{seed}.json"
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write `path` whole or not at all: a run stopped while writing leaves no half a summary."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def finished_seed(args: Arguments, out: Path, seed: int) -> dict | None:
+    """The summary an earlier run with the same settings wrote for `seed` in `out` (`seed<k>.json`, a small file to
+    keep, e.g. under bench/results/miniature/), or None when there is none; one written with other settings is an
+    error, not a result to mix in."""
+    path = seed_summary_path(out, seed)
+    if not path.exists():
+        return None
+    finished = json.loads(path.read_text())
+    settings = result_settings(args)
+    differ = sorted(key for key in {*settings, *finished["settings"]}
+                    if settings.get(key) != finished["settings"].get(key))
+    if differ:
+        raise ValueError(f"{path} was written with other settings ({', '.join(differ)} differ): run with the same "
+                         f"settings to reuse it, or pass another --out")
+    return finished
+
+
 def main(args: Arguments) -> Path:
     if args.smoke:
         args.apply_smoke()
@@ -600,14 +637,25 @@ def main(args: Arguments) -> Path:
     out = Path(args.out or ROOT / "runs" / f"miniature-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()
-    with open(out / "metrics.jsonl", "w") as metrics_file:
+    results = []
+    with open(out / "metrics.jsonl", "a") as metrics_file:  # a rerun adds the seeds it runs
 
         def log(record: dict) -> None:  # a record that has its time (made in an arm's process) keeps it
             metrics_file.write(json.dumps({"time_s": round(time.time() - start, 1), **record}) + "\n")
             metrics_file.flush()
 
         log({"event": "config", **asdict(args)})
-        results = [run_seed(args, seed, out, log, start) for seed in seed_list(args)]
+        for seed in seed_list(args):
+            finished = finished_seed(args, out, seed)
+            if finished is None:
+                seed_start = time.time()
+                result = run_seed(args, seed, out, log, start)
+                finished = {"seed": seed, "settings": result_settings(args),
+                            "wall_seconds": round(time.time() - seed_start, 1), "result": result}
+                write_atomically(seed_summary_path(out, seed), json.dumps(finished, separators=(",", ":")))
+            else:
+                print(f"seed {seed}: finished in an earlier run ({seed_summary_path(out, seed)}), not run again")
+            results.append(finished["result"])
         wall = time.time() - start
         log({"event": "done", "wall_seconds": round(wall, 1)})
     if args.copy_probe_only:
