@@ -497,10 +497,9 @@ def test_copy_text_repeats_a_span_after_the_same_marker():
 @pytest.mark.timeout(600)
 def test_copy_pretraining_is_cached_and_reused_with_the_same_weights(tmp_path):
     sys.path.insert(0, str(ROOT / "training"))
-    from training.miniature import Arguments, copy_pretrained
-
     from retool_adapters.offline_models import build_tiny_qwen
     from retool_env.offline import tiny_tokenizer
+    from training.miniature import Arguments, copy_pretrained
 
     init = build_tiny_qwen(tmp_path / "init", tiny_tokenizer(300), num_kv_heads=2, seed=0)
     args = Arguments(copy_pretrain_steps=3, copy_cache=str(tmp_path / "cache"))

@@ -66,107 +66,100 @@ MINIATURE_ENV = EnvConfig.with_defaults(tool_format="retool", prompt="plain", ma
 
 @dataclass
 class Arguments(MINIATURE_ENV):  # type: ignore[misc,valid-type]  # a dataclass built at import time (EnvConfig.with_defaults)
-    out: str | None = field(default=None, metadata={"help": "Run folder (default: runs/miniature-<timestamp>)."})
-    seeds: int = field(default=1, metadata={"help": "Run the whole pipeline for seeds seed, seed+1, ..."})
-    seed: int = field(default=0, metadata={"help": "First seed."})
-    seed_list: list[int] | None = field(default=None, metadata={"help": "The seeds to run, in order (e.g. "
-                                                                       "--seed_list 0 1 2 3 4 5 6), one combined "
-                                                                       "report; replaces --seed and --seeds."})
-    smoke: bool = field(default=False, metadata={"help": "Tiny everything: checks the pipeline end to end (< 3 min)."})
-    arms: str = field(default="tool,text", metadata={"help": "Comma-separated arms to run: tool, text."})
-    parallel_arms: bool = field(default=True, metadata={"help": "Run a seed's arms side by side, each in its own "
-                                                                "process on one core (each stage is seeded, so the "
-                                                                "metrics are those of one arm after the other); "
-                                                                "the seed then takes about as long as its slower "
-                                                                "arm. --no_parallel_arms: one after the other."})
-    copy_probe_only: bool = field(default=False, metadata={"help": "Per seed, stop after the tool arm's SFT and "
-                                                                     "its held-out copy probe (no GRPO, no other "
-                                                                     "evaluation): summary.json holds the probes."})
-    records: bool = field(default=False, metadata={"help": "Record every RL episode of the tool arm in "
-                                                           "seed<k>/tool/records.jsonl (retool-env regrade)."})
+    out: str | None = field(default=None, metadata={
+        "help": "Run folder; none: runs/miniature-<timestamp>. A rerun into a folder skips the seeds whose "
+        "seed<k>.json it holds (same settings only)."})
+    seeds: int = field(default=1, metadata={"help": "Run seeds --seed, --seed + 1, ... (this many). Range: 1 or more."})
+    seed: int = field(default=0, metadata={"help": "First seed. Range: any integer."})
+    seed_list: list[int] | None = field(default=None, metadata={
+        "help": "The seeds to run, in order (e.g. --seed_list 0 1 2), one combined report; replaces --seed and "
+        "--seeds. Range: distinct integers."})
+    smoke: bool = field(default=False, metadata={
+        "help": "Tiny everything: checks the pipeline end to end in a few minutes."})
+    arms: str = field(default="tool,text", metadata={"help": "Comma-separated arms to run. Range: tool, text or both."})
+    parallel_arms: bool = field(default=True, metadata={
+        "help": "Run a seed's arms side by side, each in its own process (same metrics as one after the other; "
+        "--no_parallel_arms for that)."})
+    copy_probe_only: bool = field(default=False, metadata={
+        "help": "Per seed, stop after the tool arm's SFT and its held-out copy probe (no GRPO, no other "
+        "evaluation); summary.json holds the probes."})
+    records: bool = field(default=False, metadata={
+        "help": "Record every RL episode of the tool arm in seed<k>/tool/records.jsonl (retool-env regrade)."})
     # data
-    train_per_level: int = field(default=400, metadata={"help": "Training problems per level."})
-    test_per_level: int = field(default=40, metadata={"help": "Held-out problems per level."})
-    text_share_easy: float = field(default=0.9, metadata={"help": "Cold start: share of easy problems answered "
-                                                                   "directly (the rest use code, self-correcting "
-                                                                   "first). At 0.8, RL's early push toward code on "
-                                                                   "hard problems spread to easy ones in two seeds "
-                                                                   "of three (BENCHMARKS.md)."})
-    text_share_hard: float = field(default=0.4, metadata={"help": "Cold start: share of hard problems answered "
-                                                                   "directly (unlearnable: a guess). RL has to "
-                                                                   "learn that these need the interpreter; more "
-                                                                   "guesses leave RL more to add to the same "
-                                                                   "copying skill."})
-    self_correct_share: float = field(default=0.15, metadata={"help": "Cold start: share whose first code fails "
-                                                                       "and is fixed."})
-    coldstart_fault_share: float = field(default=0.5, metadata={"help": "Cold start: share of the plain code "
-                                                                         "solutions whose first call is refused "
-                                                                         "as `--fault_rate` (EnvConfig's, in GRPO "
-                                                                         "and evaluation) refuses calls. Default "
-                                                                         "0.5, range 0-1."})
-    coldstart_retry_share: float = field(default=0.75, metadata={"help": "Cold start: share of the refused calls "
-                                                                          "followed by the same call again; the "
-                                                                          "rest answer at once (a guess), so RL has "
-                                                                          "to learn that retrying pays."})
-    coldstart_again_share: float = field(default=0.2, metadata={"help": "Cold start: share of those retries "
-                                                                         "refused again and retried once more (as "
-                                                                         "often as `--fault_rate` refuses a call; "
-                                                                         "needs --max_tool_calls 3 or more)."})
+    train_per_level: int = field(default=400, metadata={"help": "Training problems per level. Range: 1 or more."})
+    test_per_level: int = field(default=40, metadata={"help": "Held-out problems per level. Range: 1 or more."})
+    text_share_easy: float = field(default=0.9, metadata={
+        "help": "Cold start: share of easy problems answered directly (the rest use code, self-correcting "
+        "first). Range: 0-1."})
+    text_share_hard: float = field(default=0.4, metadata={
+        "help": "Cold start: share of hard problems answered directly (a guess), which RL has to learn need the "
+        "interpreter. Range: 0-1."})
+    self_correct_share: float = field(default=0.15, metadata={
+        "help": "Cold start: share whose first code has a typo, read from the interpreter's error and fixed. "
+        "Range: 0-1, with the text share at most 1."})
+    coldstart_fault_share: float = field(default=0.5, metadata={
+        "help": "Cold start: share of the plain code solutions whose first call is refused, as --fault_rate "
+        "refuses calls in GRPO and evaluation. Range: 0-1."})
+    coldstart_retry_share: float = field(default=0.75, metadata={
+        "help": "Cold start: share of the refused calls followed by the same call again; the rest answer at once"
+        " (a guess). Range: 0-1."})
+    coldstart_again_share: float = field(default=0.2, metadata={
+        "help": "Cold start: share of those retries refused again and retried once more (needs --max_tool_calls "
+        "3 or more). Range: 0-1."})
     # model
-    vocab_size: int = field(default=400, metadata={"help": "BPE vocabulary (digits stay single characters)."})
-    hidden_size: int = field(default=128, metadata={"help": "Model width; heads are 64 wide."})
-    num_layers: int = field(default=2, metadata={"help": "Transformer layers."})
-    num_kv_heads: int = field(default=2, metadata={"help": "Key/value heads (one per query head). With one shared "
-                                                           "by both, copying digits formed as late as SFT step 670 "
-                                                           "in three seeds; with two, by step 410 (BENCHMARKS.md)."})
+    vocab_size: int = field(default=400, metadata={
+        "help": "BPE vocabulary (digits stay single characters). Range: about 300 or more."})
+    hidden_size: int = field(default=128, metadata={"help": "Model width; heads are 64 wide. Range: a multiple of 64."})
+    num_layers: int = field(default=2, metadata={"help": "Transformer layers. Range: 1 or more."})
+    num_kv_heads: int = field(default=2, metadata={"help": "Key/value heads. Range: a divisor of hidden_size / 64."})
     # copy pretraining
-    copy_pretrain_steps: int = field(default=600, metadata={"help": "Most steps (batches of 32) of the copy "
-                                                                   "pretraining, which stops once the model copies "
-                                                                   "--copy_pretrain_target of held-out spans (checked "
-                                                                   "every 50 steps); 0: none, SFT starts from the "
-                                                                   "random model. Default 600, range 0 or more."})
-    copy_pretrain_target: float = field(default=0.95, metadata={"help": "Share of held-out spans of generic copy "
-                                                                        "text copied exactly that ends the copy "
-                                                                        "pretraining. Default 0.95, range 0-1."})
+    copy_pretrain_steps: int = field(default=600, metadata={
+        "help": "Most steps (batches of 32) of copy pretraining on generic copy text, which stops earlier once "
+        "the model copies --copy_pretrain_target of held-out spans (checked every 50 steps); 0: none. "
+        "Range: 0 or more."})
+    copy_pretrain_target: float = field(default=0.95, metadata={
+        "help": "Share of held-out copy spans copied exactly that ends the copy pretraining. Range: 0-1."})
     copy_cache: str = field(default=str(ROOT / "runs" / "copy-cache"), metadata={
-        "help": "Folder of copy-pretrained models, one per random model, tokenizer and settings, reused by runs that "
-                "build the same (default: runs/copy-cache; '' builds every time and keeps none)."})
+        "help": "Folder of copy-pretrained models, one per random model, tokenizer and settings, reused by runs "
+        "that build the same; "": build every time, keep none."})
     # cold-start SFT
-    sft_epochs: float = field(default=7.0, metadata={"help": "Epochs over the tool arm's cold start; the text arm "
-                                                              "takes as many steps. Copying the interpreter's "
-                                                              "digits forms suddenly, at a seed-dependent step "
-                                                              "(230-380 of these 875 in the seeds measured)."})
-    sft_decay_share: float = field(default=0.0, metadata={"help": "Share of the SFT steps at the end over which "
-                                                                "the learning rate decays to 0 (a cosine; 0: none)."})
-    sft_batch_size: int = field(default=16, metadata={"help": "SFT batch size."})
-    sft_learning_rate: float = field(default=1e-3, metadata={"help": "SFT learning rate (constant after 10 warm-up steps: copying digits emerges only after enough steps at full rate)."})
+    sft_epochs: float = field(default=7.0, metadata={
+        "help": "Epochs over the tool arm's cold start; the text arm takes as many steps. Range: more than 0."})
+    sft_decay_share: float = field(default=0.0, metadata={
+        "help": "Share of the SFT steps at the end over which the learning rate decays to 0 (a cosine); 0: "
+        "constant after the warm-up. Range: 0-1."})
+    sft_batch_size: int = field(default=16, metadata={
+        "help": "SFT batch size (rows grouped by length). Range: 1 or more."})
+    sft_learning_rate: float = field(default=1e-3, metadata={
+        "help": "SFT learning rate, after 10 warm-up steps; also the copy pretraining's. Range: more than 0."})
     # GRPO
-    rl_steps: int = field(default=120, metadata={"help": "GRPO steps (one optimizer step per generation batch)."})
-    rl_prompts_per_step: int = field(default=4, metadata={"help": "Distinct problems per GRPO step."})
-    num_generations: int = field(default=8, metadata={"help": "Episodes per problem (the GRPO group)."})
-    rl_learning_rate: float = field(default=3e-4, metadata={"help": "GRPO peak learning rate (linear decay to 0)."})
-    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of RL rollouts."})
-    skip_steps_without_signal: bool = field(default=True, metadata={"help": "Skip GRPO steps whose groups all "
-                                                                             "have equal rewards (see grpo_trl.py)."})
-    scale_rewards: str = field(default="batch", metadata={"help": "GRPO advantage scaling (TRL's): batch, group or "
-                                                                   "none. Scaled per group, the shaping's +0.05 for a "
-                                                                   "second failed call becomes a full advantage where "
-                                                                   "every episode is wrong, and a level the model "
-                                                                   "cannot yet solve turns into two garbage calls."})
+    rl_steps: int = field(default=120, metadata={
+        "help": "GRPO steps (one optimizer step per generation batch). Range: 1 or more."})
+    rl_prompts_per_step: int = field(default=4, metadata={"help": "Distinct problems per GRPO step. Range: 1 or more."})
+    num_generations: int = field(default=8, metadata={"help": "Episodes per problem (the GRPO group). Range: 2 or more."})
+    rl_learning_rate: float = field(default=3e-4, metadata={
+        "help": "GRPO peak learning rate (linear decay to 0). Range: more than 0."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of RL rollouts. Range: more than 0."})
+    skip_steps_without_signal: bool = field(default=True, metadata={
+        "help": "Skip GRPO steps whose groups all have equal rewards (Adam's momentum would move the weights "
+        "without a signal)."})
+    scale_rewards: str = field(default="batch", metadata={
+        "help": "GRPO advantage scaling (TRL's); per group, the shaping's small rewards become full advantages "
+        "where every episode is wrong. Range: batch, group or none."})
     # environment
-    tool_call_cost: float = field(default=0.05, metadata={"help": "Reward subtracted per executed tool call; below "
-                                                                  "the `retool` shaping's +0.1, so a failed call "
-                                                                  "still beats a wrong guess."})
+    tool_call_cost: float = field(default=0.05, metadata={
+        "help": "Reward subtracted per executed tool call; below the `retool` shaping's +0.1, so a failed call "
+        "still beats a wrong guess. Range: 0-0.1."})
     # evaluation
-    eval_samples: int = field(default=4, metadata={"help": "Samples per held-out problem (mean@k)."})
-    eval_temperature: float = field(default=1.0, metadata={"help": "Evaluation sampling temperature: the policy RL "
-                                                                     "trains, sampled as in rollouts."})
-    eval_every: int = field(default=30, metadata={"help": "Evaluate a GRPO checkpoint every this many steps."})
-    eval_processes: int = field(default=2, metadata={"help": "Processes an arm's evaluations run in, beside its "
-                                                              "training: before SFT while SFT trains, after SFT "
-                                                              "while GRPO trains, the checkpoints' side by side "
-                                                              "(each seeded: the metrics do not change). 0: in "
-                                                              "the arm's process, one after the other."})
+    eval_samples: int = field(default=4, metadata={"help": "Samples per held-out problem (mean@k). Range: 1 or more."})
+    eval_temperature: float = field(default=1.0, metadata={
+        "help": "Evaluation sampling temperature: the policy RL trains, sampled as in rollouts. Range: more than"
+        " 0."})
+    eval_every: int = field(default=30, metadata={
+        "help": "Evaluate a GRPO checkpoint every this many steps. Range: 1 or more."})
+    eval_processes: int = field(default=2, metadata={
+        "help": "Processes an arm's evaluations run in, beside its training (same metrics); 0: in the arm's "
+        "process, one after the other. Range: 0 or more."})
 
     def apply_smoke(self) -> None:
         """Shrink everything so the pipeline runs end to end in well under 3 minutes."""

@@ -153,7 +153,7 @@ def criteria(result: dict) -> list[tuple[str, float | None, bool | None, float |
         check(name, value, value is not None and stderr is not None and value > 2 * stderr, stderr)
 
     if tool:
-        rl, sft = tool["after_rl"], tool["after_sft"]
+        rl = tool["after_rl"]
         check("hard: code use after RL >= 0.95", rl["hard"]["code_use"], rl["hard"]["code_use"] >= 0.95)
         check("hard: accuracy after RL >= 0.90", rl["hard"]["accuracy"], rl["hard"]["accuracy"] >= 0.90)
         easy_code = rl["easy"]["code_use"] or 0.0
