@@ -121,7 +121,7 @@ class Arguments(MINIATURE_ENV):  # type: ignore[misc,valid-type]  # a dataclass 
         "help": "Share of held-out copy spans copied exactly that ends the copy pretraining. Range: 0-1."})
     copy_cache: str = field(default=str(ROOT / "runs" / "copy-cache"), metadata={
         "help": "Folder of copy-pretrained models, one per random model, tokenizer and settings, reused by runs "
-        "that build the same; "": build every time, keep none."})
+        "that build the same; an empty string: build every time, keep none."})
     # cold-start SFT
     sft_epochs: float = field(default=7.0, metadata={
         "help": "Epochs over the tool arm's cold start; the text arm takes as many steps. Range: more than 0."})
