@@ -1,13 +1,16 @@
-"""ReTool in miniature: cold-start SFT, then GRPO with a Python interpreter, on a CPU in minutes.
+"""ReTool in miniature: copy pretraining, cold-start SFT, then GRPO with a Python interpreter, on a CPU in minutes.
 
 The whole ReTool pipeline at toy scale, through the code a GPU run uses: a small tokenizer and a ~0.38M-parameter Qwen2
 (head_dim 64, so vLLM loads it too) are built offline; procedural problems come at five levels (`easy` sums a model
-can do in its head, and four hard levels one line of Python solves: see `training/miniature_data.py`); cold-start
-trajectories (direct answers, code, and code that fails and is fixed) train the model with `training/sft_trl.py`;
-GRPO runs through `accelerate launch training/grpo_trl.py`, the environment as TRL's rollout function; held-out
-problems are evaluated per level with `retool_env.evaluation.evaluate` (after SFT, every `eval_every` GRPO steps from
-the checkpoints, after RL), sampled at the rollouts' temperature: the policy RL trains, not its greedy mode, which a
-model this small reaches long before its samples are reliable. Two arms share model size and budgets:
+can do in its head, and four hard levels one line of Python solves: see `training/miniature_data.py`); the random
+model is pretrained to copy on generic copy text (`pretrain_copy`: a real base model arrives able to copy, and every
+skill RL builds on here copies digits), cached; cold-start trajectories (direct answers, code, code that fails and
+is fixed, calls refused and called again) train it with `training/sft_trl.py`, and a held-out copy probe
+(`copy_probe`) measures the copying SFT leaves; GRPO runs through `accelerate launch training/grpo_trl.py`, the
+environment as TRL's rollout function, with a fifth of the calls refused before they run (`fault_rate`: a failure
+the model can recover from, so self-correction is measured on every run); held-out problems are evaluated per
+level with `retool_env.evaluation.evaluate` (after SFT, every `eval_every` GRPO steps from the checkpoints, after
+RL), sampled at the rollouts' temperature: the policy RL trains. Two arms share model size and budgets:
 
 * `tool`: the interpreter is available; the reward is ReTool's (`retool`) minus `tool_call_cost` per call, so a
   call that is not needed (`70 + 3`) costs a little and using the tool becomes a decision.
@@ -16,23 +19,23 @@ model this small reaches long before its samples are reliable. Two arms share mo
   unanswered). Both arms see the same `plain` prompt, which mentions no tool: at this scale a model cannot read
   instructions, and what it knows of the tool comes from its cold start.
 
-    bash scripts/miniature.sh                  # one seed, both arms (about 8 minutes on 2 cores)
-    bash scripts/miniature.sh --seeds 3        # mean and spread over three seeds
-    bash scripts/miniature.sh --seed_list 0 1 2 3 4 5 6  # these seeds, one combined report
-    bash scripts/miniature.sh --smoke          # the pipeline end to end in under 3 minutes (CI)
+    bash scripts/miniature.sh                  # one seed, both arms
+    bash scripts/miniature.sh --seed_list 0 1 2 --out runs/sweep  # these seeds; the same command resumes
+    bash scripts/miniature.sh --copy_probe_only --seed 2          # copy pretraining, SFT and the copy probe only
+    bash scripts/miniature.sh --smoke          # the pipeline end to end in a few minutes (CI)
 
-Writes `runs/miniature-<timestamp>/` (or `--out`): `metrics.jsonl` (every evaluation per level, every RL step),
-`report.md` (per-level tables before SFT, after SFT and after RL for both arms, held-out results against RL steps,
-the targets per seed and over seeds, self-correction), `summary.json`, plots (`accuracy.png`, `code_use.png`,
-`self_correction.png`, `heldout.png`, `rl_curves.png`), and per seed and arm the data, the SFT and GRPO models and
-configs, their logs and the evaluations' per-problem samples.
+Writes `runs/miniature-<timestamp>/` (or `--out`): `seed<k>.json` per seed as it finishes (its settings and results;
+a rerun with the same settings skips it), `metrics.jsonl` (every evaluation per level, every RL step), `report.md`
+(per-level tables, the copy skill, held-out results against RL steps, the targets per seed and over seeds,
+self-correction), `summary.json`, plots, and per seed and arm the data, models, configs, logs and per-problem
+samples.
 
-Everything random derives from `--seed`: problems, cold-start kinds and typos, tokenizer and weights, SFT order, GRPO
-rollouts (`ReToolRollout` seeds each episode from GRPOConfig's seed and the step) and evaluation samples (each its own
-seed, from the seed and the stage). Seeded requests sample the same tokens however they are batched (keyed noise and
-fixed shapes in `HFGenerator`), so two runs of one command on one machine give identical metrics.
+Everything random derives from `--seed`: problems, cold-start kinds and typos, tokenizer and weights, copy text, SFT
+order, GRPO rollouts (`ReToolRollout` seeds each episode from GRPOConfig's seed and the step), evaluation samples
+(each its own seed, from the seed and the stage) and injected faults. Seeded requests sample the same tokens however
+they are batched (keyed noise and fixed shapes in `HFGenerator`), so two runs of one command on one machine give
+identical metrics.
 """
-
 from __future__ import annotations
 
 import itertools
