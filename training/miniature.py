@@ -36,6 +36,7 @@ order, GRPO rollouts (`ReToolRollout` seeds each episode from GRPOConfig's seed 
 they are batched (keyed noise and fixed shapes in `HFGenerator`), so two runs of one command on one machine give
 identical metrics.
 """
+
 from __future__ import annotations
 
 import itertools
