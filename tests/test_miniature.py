@@ -70,6 +70,13 @@ def test_miniature_smoke_writes_run_folder(smoke_run):
     assert {r["arm"] for r in steps} == {"tool", "text"}
     assert all(0.0 <= r["accuracy"] <= 1.0 and r["turns"] >= 1 for r in steps)
     assert records[-1]["event"] == "done"
+    # The copy pretraining ran (the run's own cache was empty) and the copy probe measured the tool arm after SFT.
+    (copy,) = [r for r in records if r["event"] == "copy_pretrain"]
+    assert (copy["steps"], copy["cached"]) == (10, False) and 0 <= copy["held_out_copied"] <= 1
+    (probe,) = [r for r in records if r["event"] == "copy_probe"]
+    assert probe["arm"] == "tool" and set(probe["levels"]) == {"multiply", "modpow", "digitsum", "compose", "hard"}
+    assert probe["levels"]["hard"]["problems"] == 16 and 0 <= probe["levels"]["hard"]["answer_copied"] <= 1
+    assert (out / "seed0.json").exists()  # the seed's summary, written as it finished
 
     # The cold start of the tool arm holds every kind of solution; the text arm's only tool-free ones.
     kinds = {r["arm"]: r["kinds"] for r in records if r["event"] == "coldstart"}
@@ -114,6 +121,8 @@ def test_miniature_smoke_writes_run_folder(smoke_run):
     assert "## Held-out evaluation during RL" in report
     assert "## Self-correction\n" in report and "Over seeds" in report and "recovered rate after an injected fault" in report
     assert "On recoverable failures" in report and "On every failed call" in report
+    assert "## The copy skill before RL" in report and "| 0 | 10 steps, held-out copied" in report
+    assert "all: accuracy RL - SFT > 2 SE" in report and "n/a" not in report.split("## Targets")[1].split("Over seeds")[0]
     for arm in ("tool", "text"):
         assert (out / "seed0" / arm / "grpo" / "trainer_state.json").exists()
     records_reproduce_the_logged_rewards(out, env)
