@@ -634,7 +634,7 @@ def main(args: Arguments) -> Path:
     out = Path(args.out or ROOT / "runs" / f"miniature-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()
-    results = []
+    results, seed_seconds = [], []
     with open(out / "metrics.jsonl", "a") as metrics_file:  # a rerun adds the seeds it runs
 
         def log(record: dict) -> None:  # a record that has its time (made in an arm's process) keeps it
@@ -653,8 +653,9 @@ def main(args: Arguments) -> Path:
             else:
                 print(f"seed {seed}: finished in an earlier run ({seed_summary_path(out, seed)}), not run again")
             results.append(finished["result"])
-        wall = time.time() - start
-        log({"event": "done", "wall_seconds": round(wall, 1)})
+            seed_seconds.append(finished["wall_seconds"])
+        log({"event": "done", "wall_seconds": round(time.time() - start, 1)})
+    wall = sum(seed_seconds)  # the seeds' own times, in this run or the earlier one that ran them
     if args.copy_probe_only:
         (out / "summary.json").write_text(json.dumps({"wall_seconds": wall, "results": results}, indent=2))
         return out
@@ -662,7 +663,7 @@ def main(args: Arguments) -> Path:
                                                   "criteria": [criteria(r) for r in results]}, indent=2))
     write_report(args, out, results, wall)
     plot(out, results, args.arms.split(","))
-    print(f"\nDone in {wall / 60:.1f} min: {out / 'report.md'}")
+    print(f"\nDone: {out / 'report.md'} (the seeds took {wall / 60:.1f} min)")
     return out
 
 

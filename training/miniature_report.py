@@ -367,7 +367,7 @@ def write_report(args: Any, out: Path, results: list[dict], wall_s: float) -> No
               "|---|" + "---|" * len(results)]
     table = [criteria(r) for r in results]
     for i, (name, *_) in enumerate(table[0]):
-        cells = [f"{_fmt(value)}{'' if stderr is None else f' ± {stderr:.2f}'} "
+        cells = [f"{_fmt(value) if stderr is None else f'{_signed(value)} ± {stderr:.2f}'} "
                  f"{'met' if met else 'not met' if met is False else 'n/a'}" for _, value, met, stderr in
                  (t[i] for t in table)]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
