@@ -67,7 +67,8 @@ def level_rows(metrics: dict) -> dict[str, dict]:
 
     def row(m: dict) -> dict:
         tools = m["tools"]
-        with_tool = round((tools["code_ratio"] or 0) * tools.get("responses", 0))  # responses with a call that ran
+        # Binomial over the responses with a call that ran (the samples of one problem counted as independent).
+        with_tool = round((tools["code_ratio"] or 0) * tools.get("responses", 0))
         return {"accuracy": m[mean_at_n], "accuracy_stderr": m.get(f"{mean_at_n}_stderr"),
                 "code_use": tools["code_ratio"], "accuracy_with_tool": tools["accuracy_with_tool"],
                 "accuracy_with_tool_stderr": binomial_stderr(round((tools["accuracy_with_tool"] or 0) * with_tool),
