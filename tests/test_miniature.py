@@ -522,3 +522,18 @@ def test_copy_pretraining_is_cached_and_reused_with_the_same_weights(tmp_path):
                                tmp_path / "c", seed=0)
     assert (other["steps"], other["cached"]) == (2, False)  # other settings: not the cached model
     assert copy_pretrained(Arguments(copy_pretrain_steps=0), init, tmp_path / "d", seed=0) == (init, {})
+
+
+def test_accuracy_when_the_tool_is_called_has_a_binomial_standard_error_over_those_responses():
+    level_rows = miniature_script().level_rows
+
+    def summary(code_ratio, with_tool, responses=100):
+        return {"mean@4": 0.5, "mean@4_stderr": 0.05, "num_problems": 25, "mean_completion_tokens": 30.0,
+                "tools": {"code_ratio": code_ratio, "accuracy_with_tool": with_tool, "responses": responses},
+                "self_correction": correction(0, 0)}
+
+    metrics = {"n_samples": 4, **summary(0.5, 0.8), "by_level": {"easy": summary(0.0, None), "multiply": summary(1, 0.7)}}
+    rows = level_rows(metrics)
+    assert rows["all"]["accuracy_with_tool_stderr"] == pytest.approx(math.sqrt(0.8 * 0.2 / 50))  # 50 responses called
+    assert rows["multiply"]["accuracy_with_tool_stderr"] == pytest.approx(math.sqrt(0.7 * 0.3 / 100))
+    assert rows["easy"]["accuracy_with_tool_stderr"] is None  # no call: no accuracy, no error
