@@ -367,10 +367,10 @@ def copy_pretrained(args: Arguments, init_dir: Path, seed_dir: Path, seed: int) 
     print(f"\n== seed {seed}: copy pretraining ==", flush=True)
     done = pretrain_copy(args, init_dir, out, seed)
     (out / "copy.json").write_text(json.dumps(done))
-    if cached is not None:
-        tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
+    if cached is not None and not cached.exists():  # whole or not at all: copied aside, then renamed
+        tmp = cached.with_name(f"{cached.name}.tmp{os.getpid()}")
         shutil.copytree(out, tmp, dirs_exist_ok=True)
-        os.replace(tmp, cached) if not cached.exists() else shutil.rmtree(tmp)
+        os.replace(tmp, cached)
     return out, {**done, "cached": False}
 
 
