@@ -1,16 +1,13 @@
-"""ReTool in miniature: copy pretraining, cold-start SFT, then GRPO with a Python interpreter, on a CPU in minutes.
+"""ReTool in miniature: cold-start SFT, then GRPO with a Python interpreter, on a CPU in minutes.
 
 The whole ReTool pipeline at toy scale, through the code a GPU run uses: a small tokenizer and a ~0.38M-parameter Qwen2
 (head_dim 64, so vLLM loads it too) are built offline; procedural problems come at five levels (`easy` sums a model
-can do in its head, and four hard levels one line of Python solves: see `training/miniature_data.py`); the random
-model is pretrained to copy on generic copy text (`pretrain_copy`: a real base model arrives able to copy, and every
-skill RL builds on here copies digits), cached; cold-start trajectories (direct answers, code, code that fails and
-is fixed, calls refused and called again) train it with `training/sft_trl.py`, and a held-out copy probe
-(`copy_probe`) measures the copying SFT leaves; GRPO runs through `accelerate launch training/grpo_trl.py`, the
-environment as TRL's rollout function, with a fifth of the calls refused before they run (`fault_rate`: a failure
-the model can recover from, so self-correction is measured on every run); held-out problems are evaluated per
-level with `retool_env.evaluation.evaluate` (after SFT, every `eval_every` GRPO steps from the checkpoints, after
-RL), sampled at the rollouts' temperature: the policy RL trains. Two arms share model size and budgets:
+can do in its head, and four hard levels one line of Python solves: see `training/miniature_data.py`); cold-start
+trajectories (direct answers, code, and code that fails and is fixed) train the model with `training/sft_trl.py`;
+GRPO runs through `accelerate launch training/grpo_trl.py`, the environment as TRL's rollout function; held-out
+problems are evaluated per level with `retool_env.evaluation.evaluate` (after SFT, every `eval_every` GRPO steps from
+the checkpoints, after RL), sampled at the rollouts' temperature: the policy RL trains, not its greedy mode, which a
+model this small reaches long before its samples are reliable. Two arms share model size and budgets:
 
 * `tool`: the interpreter is available; the reward is ReTool's (`retool`) minus `tool_call_cost` per call, so a
   call that is not needed (`70 + 3`) costs a little and using the tool becomes a decision.
@@ -19,27 +16,25 @@ RL), sampled at the rollouts' temperature: the policy RL trains. Two arms share 
   unanswered). Both arms see the same `plain` prompt, which mentions no tool: at this scale a model cannot read
   instructions, and what it knows of the tool comes from its cold start.
 
-    bash scripts/miniature.sh                  # one seed, both arms
-    bash scripts/miniature.sh --seed_list 0 1 2 --out runs/sweep  # these seeds; the same command resumes
-    bash scripts/miniature.sh --copy_probe_only --seed 2          # copy pretraining, SFT and the copy probe only
-    bash scripts/miniature.sh --smoke          # the pipeline end to end in a few minutes (CI)
+    bash scripts/miniature.sh                  # one seed, both arms (about 8 minutes on 2 cores)
+    bash scripts/miniature.sh --seeds 3        # mean and spread over three seeds
+    bash scripts/miniature.sh --seed_list 0 1 2 3 4 5 6  # these seeds, one combined report
+    bash scripts/miniature.sh --smoke          # the pipeline end to end in under 3 minutes (CI)
 
-Writes `runs/miniature-<timestamp>/` (or `--out`): `seed<k>.json` per seed as it finishes (its settings and results;
-a rerun with the same settings skips it), `metrics.jsonl` (every evaluation per level, every RL step), `report.md`
-(per-level tables, the copy skill, held-out results against RL steps, the targets per seed and over seeds,
-self-correction), `summary.json`, plots, and per seed and arm the data, models, configs, logs and per-problem
-samples.
+Writes `runs/miniature-<timestamp>/` (or `--out`): `metrics.jsonl` (every evaluation per level, every RL step),
+`report.md` (per-level tables before SFT, after SFT and after RL for both arms, held-out results against RL steps,
+the targets per seed and over seeds, self-correction), `summary.json`, plots (`accuracy.png`, `code_use.png`,
+`self_correction.png`, `heldout.png`, `rl_curves.png`), and per seed and arm the data, the SFT and GRPO models and
+configs, their logs and the evaluations' per-problem samples.
 
-Everything random derives from `--seed`: problems, cold-start kinds and typos, tokenizer and weights, copy text, SFT
-order, GRPO rollouts (`ReToolRollout` seeds each episode from GRPOConfig's seed and the step), evaluation samples
-(each its own seed, from the seed and the stage) and injected faults. Seeded requests sample the same tokens however
-they are batched (keyed noise and fixed shapes in `HFGenerator`), so two runs of one command on one machine give
-identical metrics.
+Everything random derives from `--seed`: problems, cold-start kinds and typos, tokenizer and weights, SFT order, GRPO
+rollouts (`ReToolRollout` seeds each episode from GRPOConfig's seed and the step) and evaluation samples (each its own
+seed, from the seed and the stage). Seeded requests sample the same tokens however they are batched (keyed noise and
+fixed shapes in `HFGenerator`), so two runs of one command on one machine give identical metrics.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import multiprocessing
@@ -60,117 +55,112 @@ from retool_env.rollout import derive_seed
 ROOT = Path(__file__).resolve().parent.parent
 
 
-# The miniature's environment: the paper's format, small budgets (every EnvConfig field is a flag as well), a fifth
-# of the tool calls refused before they run (`fault_rate`: a failure any model can recover from by calling again, so
-# self-correction is measured on every run), three calls, so that a retry refused again can still recover, and the
-# tokens three digit-sum calls and the answer need.
-MINIATURE_ENV = EnvConfig.with_defaults(tool_format="retool", prompt="plain", max_tool_calls=3, max_turn_tokens=48,
-                                        max_completion_tokens=192, max_observation_tokens=48, fault_rate=0.2)
+# The miniature's environment: the paper's format, small budgets (every EnvConfig field is a flag as well).
+# The self-correction recipe (README, "Self-correction from injected faults") adds to these `--fault_rate 0.2
+# --coldstart_fault_share 0.5 --max_tool_calls 3 --max_completion_tokens 192`: three calls, so that a retry refused
+# again can still recover, and the tokens three digit-sum calls and the answer need.
+MINIATURE_ENV = EnvConfig.with_defaults(tool_format="retool", prompt="plain", max_tool_calls=2, max_turn_tokens=48,
+                                        max_completion_tokens=160, max_observation_tokens=48)
 
 
 @dataclass
 class Arguments(MINIATURE_ENV):  # type: ignore[misc,valid-type]  # a dataclass built at import time (EnvConfig.with_defaults)
-    out: str | None = field(default=None, metadata={
-        "help": "Run folder; none: runs/miniature-<timestamp>. A rerun into a folder skips the seeds whose "
-        "seed<k>.json it holds (same settings only)."})
-    seeds: int = field(default=1, metadata={"help": "Run seeds --seed, --seed + 1, ... (this many). Range: 1 or more."})
-    seed: int = field(default=0, metadata={"help": "First seed. Range: any integer."})
-    seed_list: list[int] | None = field(default=None, metadata={
-        "help": "The seeds to run, in order (e.g. --seed_list 0 1 2), one combined report; replaces --seed and "
-        "--seeds. Range: distinct integers."})
-    smoke: bool = field(default=False, metadata={
-        "help": "Tiny everything: checks the pipeline end to end in a few minutes."})
-    arms: str = field(default="tool,text", metadata={"help": "Comma-separated arms to run. Range: tool, text or both."})
-    parallel_arms: bool = field(default=True, metadata={
-        "help": "Run a seed's arms side by side, each in its own process (same metrics as one after the other; "
-        "--no_parallel_arms for that)."})
-    copy_probe_only: bool = field(default=False, metadata={
-        "help": "Per seed, stop after the tool arm's SFT and its held-out copy probe (no GRPO, no other "
-        "evaluation); summary.json holds the probes."})
-    records: bool = field(default=False, metadata={
-        "help": "Record every RL episode of the tool arm in seed<k>/tool/records.jsonl (retool-env regrade)."})
+    out: str | None = field(default=None, metadata={"help": "Run folder (default: runs/miniature-<timestamp>)."})
+    seeds: int = field(default=1, metadata={"help": "Run the whole pipeline for seeds seed, seed+1, ..."})
+    seed: int = field(default=0, metadata={"help": "First seed."})
+    seed_list: list[int] | None = field(default=None, metadata={"help": "The seeds to run, in order (e.g. "
+                                                                       "--seed_list 0 1 2 3 4 5 6), one combined "
+                                                                       "report; replaces --seed and --seeds."})
+    smoke: bool = field(default=False, metadata={"help": "Tiny everything: checks the pipeline end to end (< 3 min)."})
+    arms: str = field(default="tool,text", metadata={"help": "Comma-separated arms to run: tool, text."})
+    parallel_arms: bool = field(default=True, metadata={"help": "Run a seed's arms side by side, each in its own "
+                                                                "process on one core (each stage is seeded, so the "
+                                                                "metrics are those of one arm after the other); "
+                                                                "the seed then takes about as long as its slower "
+                                                                "arm. --no_parallel_arms: one after the other."})
+    records: bool = field(default=False, metadata={"help": "Record every RL episode of the tool arm in "
+                                                           "seed<k>/tool/records.jsonl (retool-env regrade)."})
     # data
-    train_per_level: int = field(default=400, metadata={"help": "Training problems per level. Range: 1 or more."})
-    test_per_level: int = field(default=40, metadata={"help": "Held-out problems per level. Range: 1 or more."})
-    text_share_easy: float = field(default=0.9, metadata={
-        "help": "Cold start: share of easy problems answered directly (the rest use code, self-correcting "
-        "first). Range: 0-1."})
-    text_share_hard: float = field(default=0.4, metadata={
-        "help": "Cold start: share of hard problems answered directly (a guess), which RL has to learn need the "
-        "interpreter. Range: 0-1."})
-    self_correct_share: float = field(default=0.15, metadata={
-        "help": "Cold start: share whose first code has a typo, read from the interpreter's error and fixed. "
-        "Range: 0-1, with the text share at most 1."})
-    coldstart_fault_share: float = field(default=0.5, metadata={
-        "help": "Cold start: share of the plain code solutions whose first call is refused, as --fault_rate "
-        "refuses calls in GRPO and evaluation. Range: 0-1."})
-    coldstart_retry_share: float = field(default=0.75, metadata={
-        "help": "Cold start: share of the refused calls followed by the same call again; the rest answer at once"
-        " (a guess). Range: 0-1."})
-    coldstart_again_share: float = field(default=0.2, metadata={
-        "help": "Cold start: share of those retries refused again and retried once more (needs --max_tool_calls "
-        "3 or more). Range: 0-1."})
+    train_per_level: int = field(default=400, metadata={"help": "Training problems per level."})
+    test_per_level: int = field(default=40, metadata={"help": "Held-out problems per level."})
+    text_share_easy: float = field(default=0.9, metadata={"help": "Cold start: share of easy problems answered "
+                                                                   "directly (the rest use code, self-correcting "
+                                                                   "first). At 0.8, RL's early push toward code on "
+                                                                   "hard problems spread to easy ones in two seeds "
+                                                                   "of three (BENCHMARKS.md)."})
+    text_share_hard: float = field(default=0.4, metadata={"help": "Cold start: share of hard problems answered "
+                                                                   "directly (unlearnable: a guess). RL has to "
+                                                                   "learn that these need the interpreter; more "
+                                                                   "guesses leave RL more to add to the same "
+                                                                   "copying skill."})
+    self_correct_share: float = field(default=0.15, metadata={"help": "Cold start: share whose first code fails "
+                                                                       "and is fixed."})
+    coldstart_fault_share: float = field(default=0.0, metadata={"help": "Cold start: share of the plain code "
+                                                                         "solutions whose first call is refused "
+                                                                         "as `--fault_rate` (EnvConfig's, in GRPO "
+                                                                         "and evaluation) refuses calls. At 0.3 "
+                                                                         "(114 retries in 2,000 solutions) SFT "
+                                                                         "taught retrying too rarely; at 0.7 "
+                                                                         "seed 0's SFT did not learn to copy long "
+                                                                         "outputs into the answer; 0.5 learnt "
+                                                                         "both (BENCHMARKS.md, Pilot)."})
+    coldstart_retry_share: float = field(default=0.75, metadata={"help": "Cold start: share of the refused calls "
+                                                                          "followed by the same call again; the "
+                                                                          "rest answer at once (a guess), so RL has "
+                                                                          "to learn that retrying pays."})
+    coldstart_again_share: float = field(default=0.2, metadata={"help": "Cold start: share of those retries "
+                                                                         "refused again and retried once more (as "
+                                                                         "often as `--fault_rate` refuses a call; "
+                                                                         "needs --max_tool_calls 3 or more)."})
     # model
-    vocab_size: int = field(default=400, metadata={
-        "help": "BPE vocabulary (digits stay single characters). Range: about 300 or more."})
-    hidden_size: int = field(default=128, metadata={"help": "Model width; heads are 64 wide. Range: a multiple of 64."})
-    num_layers: int = field(default=2, metadata={"help": "Transformer layers. Range: 1 or more."})
-    num_kv_heads: int = field(default=2, metadata={"help": "Key/value heads. Range: a divisor of hidden_size / 64."})
-    # copy pretraining
-    copy_pretrain_steps: int = field(default=600, metadata={
-        "help": "Most steps (batches of 32) of copy pretraining on generic copy text, which stops earlier once "
-        "the model copies --copy_pretrain_target of held-out spans (checked every 50 steps); 0: none. "
-        "Range: 0 or more."})
-    copy_pretrain_target: float = field(default=0.95, metadata={
-        "help": "Share of held-out copy spans copied exactly that ends the copy pretraining. Range: 0-1."})
-    copy_cache: str = field(default=str(ROOT / "runs" / "copy-cache"), metadata={
-        "help": "Folder of copy-pretrained models, one per random model, tokenizer and settings, reused by runs "
-        "that build the same; an empty string: build every time, keep none."})
+    vocab_size: int = field(default=400, metadata={"help": "BPE vocabulary (digits stay single characters)."})
+    hidden_size: int = field(default=128, metadata={"help": "Model width; heads are 64 wide."})
+    num_layers: int = field(default=2, metadata={"help": "Transformer layers."})
+    num_kv_heads: int = field(default=2, metadata={"help": "Key/value heads (one per query head). With one shared "
+                                                           "by both, copying digits formed as late as SFT step 670 "
+                                                           "in three seeds; with two, by step 410 (BENCHMARKS.md)."})
     # cold-start SFT
-    sft_epochs: float = field(default=7.0, metadata={
-        "help": "Epochs over the tool arm's cold start; the text arm takes as many steps. Range: more than 0."})
-    sft_decay_share: float = field(default=0.0, metadata={
-        "help": "Share of the SFT steps at the end over which the learning rate decays to 0 (a cosine); 0: "
-        "constant after the warm-up. Range: 0-1."})
-    sft_batch_size: int = field(default=16, metadata={
-        "help": "SFT batch size (rows grouped by length). Range: 1 or more."})
-    sft_learning_rate: float = field(default=1e-3, metadata={
-        "help": "SFT learning rate, after 10 warm-up steps; also the copy pretraining's. Range: more than 0."})
+    sft_epochs: float = field(default=7.0, metadata={"help": "Epochs over the tool arm's cold start; the text arm "
+                                                              "takes as many steps. Copying the interpreter's "
+                                                              "digits forms suddenly, at a seed-dependent step "
+                                                              "(230-380 of these 875 in the seeds measured)."})
+    sft_decay_share: float = field(default=0.0, metadata={"help": "Share of the SFT steps at the end over which "
+                                                                "the learning rate decays to 0 (a cosine; 0: none)."})
+    sft_batch_size: int = field(default=16, metadata={"help": "SFT batch size."})
+    sft_learning_rate: float = field(default=1e-3, metadata={"help": "SFT learning rate (constant after 10 warm-up steps: copying digits emerges only after enough steps at full rate)."})
     # GRPO
-    rl_steps: int = field(default=120, metadata={
-        "help": "GRPO steps (one optimizer step per generation batch). Range: 1 or more."})
-    rl_prompts_per_step: int = field(default=4, metadata={"help": "Distinct problems per GRPO step. Range: 1 or more."})
-    num_generations: int = field(default=8, metadata={"help": "Episodes per problem (the GRPO group). Range: 2 or more."})
-    rl_learning_rate: float = field(default=3e-4, metadata={
-        "help": "GRPO peak learning rate (linear decay to 0). Range: more than 0."})
-    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of RL rollouts. Range: more than 0."})
-    skip_steps_without_signal: bool = field(default=True, metadata={
-        "help": "Skip GRPO steps whose groups all have equal rewards (Adam's momentum would move the weights "
-        "without a signal)."})
-    scale_rewards: str = field(default="batch", metadata={
-        "help": "GRPO advantage scaling (TRL's); per group, the shaping's small rewards become full advantages "
-        "where every episode is wrong. Range: batch, group or none."})
+    rl_steps: int = field(default=120, metadata={"help": "GRPO steps (one optimizer step per generation batch)."})
+    rl_prompts_per_step: int = field(default=4, metadata={"help": "Distinct problems per GRPO step."})
+    num_generations: int = field(default=8, metadata={"help": "Episodes per problem (the GRPO group)."})
+    rl_learning_rate: float = field(default=3e-4, metadata={"help": "GRPO peak learning rate (linear decay to 0)."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of RL rollouts."})
+    skip_steps_without_signal: bool = field(default=True, metadata={"help": "Skip GRPO steps whose groups all "
+                                                                             "have equal rewards (see grpo_trl.py)."})
+    scale_rewards: str = field(default="batch", metadata={"help": "GRPO advantage scaling (TRL's): batch, group or "
+                                                                   "none. Scaled per group, the shaping's +0.05 for a "
+                                                                   "second failed call becomes a full advantage where "
+                                                                   "every episode is wrong, and a level the model "
+                                                                   "cannot yet solve turns into two garbage calls."})
     # environment
-    tool_call_cost: float = field(default=0.05, metadata={
-        "help": "Reward subtracted per executed tool call; below the `retool` shaping's +0.1, so a failed call "
-        "still beats a wrong guess. Range: 0-0.1."})
+    tool_call_cost: float = field(default=0.05, metadata={"help": "Reward subtracted per executed tool call; below "
+                                                                  "the `retool` shaping's +0.1, so a failed call "
+                                                                  "still beats a wrong guess."})
     # evaluation
-    eval_samples: int = field(default=4, metadata={"help": "Samples per held-out problem (mean@k). Range: 1 or more."})
-    eval_temperature: float = field(default=1.0, metadata={
-        "help": "Evaluation sampling temperature: the policy RL trains, sampled as in rollouts. Range: more than"
-        " 0."})
-    eval_every: int = field(default=30, metadata={
-        "help": "Evaluate a GRPO checkpoint every this many steps. Range: 1 or more."})
-    eval_processes: int = field(default=2, metadata={
-        "help": "Processes an arm's evaluations run in, beside its training (same metrics); 0: in the arm's "
-        "process, one after the other. Range: 0 or more."})
+    eval_samples: int = field(default=4, metadata={"help": "Samples per held-out problem (mean@k)."})
+    eval_temperature: float = field(default=1.0, metadata={"help": "Evaluation sampling temperature: the policy RL "
+                                                                     "trains, sampled as in rollouts."})
+    eval_every: int = field(default=30, metadata={"help": "Evaluate a GRPO checkpoint every this many steps."})
+    eval_processes: int = field(default=2, metadata={"help": "Processes an arm's evaluations run in, beside its "
+                                                              "training: before SFT while SFT trains, after SFT "
+                                                              "while GRPO trains, the checkpoints' side by side "
+                                                              "(each seeded: the metrics do not change). 0: in "
+                                                              "the arm's process, one after the other."})
 
     def apply_smoke(self) -> None:
         """Shrink everything so the pipeline runs end to end in well under 3 minutes."""
         self.train_per_level, self.test_per_level = 24, 4
         self.num_layers, self.sft_epochs, self.rl_steps, self.rl_prompts_per_step = 2, 1.0, 2, 2
         self.num_generations, self.eval_samples, self.eval_every = 4, 2, 1
-        self.copy_pretrain_steps = 10
 
 
 def env_settings(args: Arguments, arm: str, seed: int = 0) -> EnvConfig:
@@ -221,7 +211,6 @@ def run_sft(args: Arguments, arm: str, model_dir: Path, data: Path, out: Path, s
         "max_steps": steps, "per_device_train_batch_size": args.sft_batch_size,
         "learning_rate": args.sft_learning_rate, "warmup_steps": 10, **sft_schedule(args, steps),
         "max_length": 256, "gradient_checkpointing": False,  # on by default in TRL; a tiny model only pays for it
-        "train_sampling_strategy": "group_by_length",  # batches of similar lengths: less padding to compute
         "logging_steps": 10, "save_strategy": "no", "report_to": "none",
     }
     yaml_path = write_yaml(out.parent / "sft.yaml", config)
@@ -284,136 +273,6 @@ def evaluate_rows(args: Arguments, arm: str, model_dir: Path, problems: list, ou
     return level_rows(evaluate_model(args, arm, model_dir, problems, out, seed, n_samples)), time.time() - t0
 
 
-COPY_BATCH_SIZE, COPY_CHECK_EVERY, COPY_HELD_OUT = 32, 50, 256
-
-
-def copy_cache_key(args: Arguments, init_dir: Path, seed: int) -> str:
-    """What a copy-pretrained model depends on: the random model and tokenizer it starts from, its settings and the
-    code that writes its text and trains it."""
-    import hashlib
-    import inspect
-
-    from miniature_data import copy_sequences
-
-    digest = hashlib.sha256()
-    for name in ("model.safetensors", "tokenizer.json", "config.json"):
-        digest.update((init_dir / name).read_bytes())
-    digest.update(json.dumps([seed, args.copy_pretrain_steps, args.copy_pretrain_target, args.sft_learning_rate,
-                              COPY_BATCH_SIZE, COPY_CHECK_EVERY, COPY_HELD_OUT]).encode())
-    digest.update((inspect.getsource(copy_sequences) + inspect.getsource(pretrain_copy)).encode())
-    return digest.hexdigest()[:16]
-
-
-def pretrain_copy(args: Arguments, init_dir: Path, out: Path, seed: int) -> dict:
-    """Pretrain the random model on generic copy text (`miniature_data.copy_sequences`: a span after a marker, seen
-    again after the same marker) until it copies held-out spans exactly (`copy_pretrain_target`), checked every
-    50 steps, or for `copy_pretrain_steps`; save it to `out`. A real base model arrives able to copy; a random one
-    learns it in SFT at a seed-dependent step or not at all, and RL cannot add it. Returns what it did."""
-    import torch
-    from miniature_data import copy_sequences
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(init_dir)
-    special = set(tokenizer.all_special_ids)
-    token_ids = [i for i in range(tokenizer.vocab_size) if i not in special]  # the BPE's own: no added tags
-    digit_ids = tokenizer.convert_tokens_to_ids(list("0123456789"))
-    model = AutoModelForCausalLM.from_pretrained(init_dir, dtype=torch.float32)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.sft_learning_rate, weight_decay=0.0)
-
-    def batch(sequences: list[tuple[list[int], int]]) -> tuple:
-        width = max(len(ids) for ids, _ in sequences)
-        pad = tokenizer.pad_token_id
-        input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids, _ in sequences])
-        attention_mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in sequences])
-        labels = torch.tensor([[-100] * start + ids[start:] + [-100] * (width - len(ids)) for ids, start in sequences])
-        return input_ids, attention_mask, labels
-
-    def exact_copies(sequences: list[tuple[list[int], int]]) -> float:
-        input_ids, attention_mask, labels = batch(sequences)
-        with torch.no_grad():
-            predicted = model(input_ids=input_ids, attention_mask=attention_mask).logits.argmax(-1)
-        right = (predicted[:, :-1] == labels[:, 1:]) | (labels[:, 1:] == -100)
-        return right.all(dim=1).float().mean().item()
-
-    held_out = copy_sequences(token_ids, digit_ids, COPY_HELD_OUT, seed=f"{seed}:held-out")
-    t0, step, accuracy = time.time(), 0, exact_copies(held_out)
-    model.train()
-    while accuracy < args.copy_pretrain_target and step < args.copy_pretrain_steps:
-        step += 1
-        input_ids, attention_mask, labels = batch(copy_sequences(token_ids, digit_ids, COPY_BATCH_SIZE,
-                                                                 seed=f"{seed}:{step}"))
-        model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        if step % COPY_CHECK_EVERY == 0 or step == args.copy_pretrain_steps:
-            accuracy = exact_copies(held_out)
-            print(f"copy pretraining: step {step}, held-out spans copied exactly {accuracy:.3f}", flush=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return {"steps": step, "held_out_copied": accuracy, "seconds": round(time.time() - t0, 1)}
-
-
-def copy_pretrained(args: Arguments, init_dir: Path, seed_dir: Path, seed: int) -> tuple[Path, dict]:
-    """`pretrain_copy`'s model for this seed, from the cache (`copy_cache`) when it holds one built from the same
-    model, tokenizer, settings and code; (init_dir, {}) when `copy_pretrain_steps` is 0."""
-    if not args.copy_pretrain_steps:
-        return init_dir, {}
-    out = seed_dir / "model-copy"
-    shutil.rmtree(out, ignore_errors=True)
-    cached = Path(args.copy_cache) / copy_cache_key(args, init_dir, seed) if args.copy_cache else None
-    if cached is not None and (cached / "copy.json").exists():
-        shutil.copytree(cached, out)
-        return out, {**json.loads((out / "copy.json").read_text()), "cached": True}
-    print(f"\n== seed {seed}: copy pretraining ==", flush=True)
-    done = pretrain_copy(args, init_dir, out, seed)
-    (out / "copy.json").write_text(json.dumps(done))
-    if cached is not None and not cached.exists():  # whole or not at all: copied aside, then renamed
-        tmp = cached.with_name(f"{cached.name}.tmp{os.getpid()}")
-        shutil.copytree(out, tmp, dirs_exist_ok=True)
-        os.replace(tmp, cached)
-    return out, {**done, "cached": False}
-
-
-def copy_probe(args: Arguments, model_dir: Path, test: list, seed: int, out: Path) -> dict:
-    """Held-out copy probe: the hard test problems' plain code solutions (`write_coldstart`, real outputs) replayed
-    as in SFT, read by the model once; a solution counts as copied when the model's most likely next token is right
-    at every token of its code (the question's numbers into the call) or of its boxed answer (the interpreter's
-    digits into the answer), which is what greedy decoding would write. Per hard level and pooled (`hard`)."""
-    import torch
-    from miniature_data import write_coldstart
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from retool_env.coldstart import build_coldstart, retool_sft_solutions
-    from retool_env.data import load_retool_sft
-
-    hard = [p for p in test if p.level != "easy"]
-    write_coldstart(hard, ["code"] * len(hard), out, seed)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    rows = build_coldstart(retool_sft_solutions(load_retool_sft(out)), tokenizer,
-                           **{**env_settings(args, "tool", seed), "fault_rate": 0.0})
-    level_of = {p.id: p.level for p in hard}
-    counts: dict[str, dict[str, int]] = {}
-    for row in rows:
-        ids, mask = row["input_ids"], row["assistant_masks"]
-        pieces = [tokenizer.decode([i]) for i in ids]
-        starts = list(itertools.accumulate((len(p) for p in pieces), initial=0))
-        text = "".join(pieces)
-        code_at = text.rindex("```python\n") + len("```python\n")
-        answer_at = text.rindex("\\boxed{") + len("\\boxed{")
-        spans = {"code": (code_at, text.index("\n```", code_at)), "answer": (answer_at, text.index("}", answer_at))}
-        with torch.no_grad():
-            predicted = model(input_ids=torch.tensor([ids])).logits[0].argmax(-1).tolist()
-        for level in (level_of[row["id"]], "hard"):
-            count = counts.setdefault(level, {"problems": 0, "code": 0, "answer": 0})
-            count["problems"] += 1
-            for name, (begin, end) in spans.items():
-                positions = [t for t in range(1, len(ids)) if begin <= starts[t] < end and mask[t]]
-                count[name] += all(predicted[t - 1] == ids[t] for t in positions)
-    return {level: {"problems": c["problems"], "code_copied": c["code"] / c["problems"],
-                    "answer_copied": c["answer"] / c["problems"]} for level, c in counts.items()}
-
-
 def rl_curve(grpo_dir: Path) -> list[dict]:
     """Per-step training metrics of the GRPO run (TRL's log history)."""
     history = json.loads((grpo_dir / "trainer_state.json").read_text())["log_history"]
@@ -456,11 +315,8 @@ def run_seed(args: Arguments, seed: int, out: Path, log, start: float) -> dict:
                                num_layers=args.num_layers, num_heads=args.hidden_size // 64,
                                num_kv_heads=args.num_kv_heads, seed=seed,
                                initializer_range=0.02)  # Qwen's own scale; the default (10x) learned slower here
-    init_dir, copy = copy_pretrained(args, init_dir, seed_dir, seed)  # both arms start from it
-    if copy:
-        log({"seed": seed, "event": "copy_pretrain", **copy})
 
-    results: dict = {"seed": seed, "copy_pretrain": copy, "curves": {}, "heldout": {}, "copy_probe": {}}
+    results: dict = {"seed": seed, "curves": {}, "heldout": {}}
     arms = args.arms.split(",")
     if args.parallel_arms and len(arms) > 1:
         # One process per arm (spawned: no forked torch or sandbox state); each returns its log records, written here
@@ -475,9 +331,7 @@ def run_seed(args: Arguments, seed: int, out: Path, log, start: float) -> dict:
     for arm, (arm_result, records) in zip(arms, outcomes, strict=True):
         for record in records:
             log(record)
-        results[arm], results["curves"][arm], results["heldout"][arm], probe = arm_result
-        if probe:
-            results["copy_probe"][arm] = probe
+        results[arm], results["curves"][arm], results["heldout"][arm] = arm_result
     return results
 
 
@@ -501,9 +355,9 @@ def run_arm_process(args: Arguments, seed: int, arm: str, arm_dir: Path, init_di
 
 
 def run_arm(args: Arguments, seed: int, arm: str, arm_dir: Path, init_dir: Path, train: list, train_path: Path,
-            test: list, log) -> tuple[dict, list[dict], list[dict], dict]:
+            test: list, log) -> tuple[dict, list[dict], list[dict]]:
     """Cold start, SFT, GRPO and held-out evaluations of one arm: (rows per stage, RL training curve, held-out
-    evaluations against RL steps: after SFT, every `eval_every` steps, after RL, the copy probe after SFT)."""
+    evaluations against RL steps: after SFT, every `eval_every` steps, after RL)."""
     from miniature_data import coldstart_kinds, write_coldstart
 
     shutil.rmtree(arm_dir, ignore_errors=True)  # a rerun into the same folder must not evaluate stale checkpoints
@@ -541,19 +395,13 @@ def run_arm(args: Arguments, seed: int, arm: str, arm_dir: Path, init_dir: Path,
         return rows
 
     try:
-        before_sft = None if args.copy_probe_only else start_eval("before_sft", init_dir)
+        before_sft = start_eval("before_sft", init_dir)
         print(f"\n== seed {seed} / {arm}: cold-start SFT ==", flush=True)
         t0 = time.time()
         # Both arms take the same number of SFT steps: `sft_epochs` over the tool arm's (larger) cold start.
         steps = math.ceil(args.sft_epochs * len(train) / args.sft_batch_size)
         sft_dir = run_sft(args, arm, init_dir, arm_dir / "coldstart.jsonl", arm_dir / "sft", seed, steps)
         sft_s = time.time() - t0
-        probe = {}
-        if arm == "tool":  # the text arm has no interpreter output to copy
-            probe["after_sft"] = copy_probe(args, sft_dir, test, seed, arm_dir / "copy_probe.jsonl")
-            log({"seed": seed, "arm": arm, "event": "copy_probe", "stage": "after_sft", "levels": probe["after_sft"]})
-        if before_sft is None:  # --copy_probe_only
-            return {}, [], [], probe
         stages = {"before_sft": logged("before_sft", before_sft)}
         after_sft = start_eval("after_sft", sft_dir)
         print(f"\n== seed {seed} / {arm}: GRPO ({args.rl_steps} steps) ==", flush=True)
@@ -575,7 +423,7 @@ def run_arm(args: Arguments, seed: int, arm: str, arm_dir: Path, init_dir: Path,
         if pool is not None:
             pool.shutdown(cancel_futures=True)
     heldout.append({"step": args.rl_steps, "levels": stages["after_rl"]})
-    return stages, curve, heldout, probe
+    return stages, curve, heldout
 
 
 def seed_list(args: Arguments) -> list[int]:
@@ -586,84 +434,30 @@ def seed_list(args: Arguments) -> list[int]:
     return seeds
 
 
-# Settings that change no metric: where and how fast a run goes, and which seeds it runs.
-NOT_RESULT_SETTINGS = ("out", "seeds", "seed", "seed_list", "parallel_arms", "eval_processes", "records", "copy_cache")
-
-
-def result_settings(args: Arguments) -> dict:
-    """The settings a seed's metrics depend on (every flag but `NOT_RESULT_SETTINGS`)."""
-    return {key: value for key, value in asdict(args).items() if key not in NOT_RESULT_SETTINGS}
-
-
-def seed_summary_path(out: Path, seed: int) -> Path:
-    return out / f"seed{seed}.json"
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write `path` whole or not at all: a run stopped while writing leaves no half a summary."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def finished_seed(args: Arguments, out: Path, seed: int) -> dict | None:
-    """The summary an earlier run with the same settings wrote for `seed` in `out` (`seed<k>.json`, a small file to
-    keep, e.g. under bench/results/miniature/), or None when there is none; one written with other settings is an
-    error, not a result to mix in."""
-    path = seed_summary_path(out, seed)
-    if not path.exists():
-        return None
-    finished = json.loads(path.read_text())
-    settings = result_settings(args)
-    differ = sorted(key for key in {*settings, *finished["settings"]}
-                    if settings.get(key) != finished["settings"].get(key))
-    if differ:
-        raise ValueError(f"{path} was written with other settings ({', '.join(differ)} differ): run with the same "
-                         f"settings to reuse it, or pass another --out")
-    return finished
-
-
 def main(args: Arguments) -> Path:
     if args.smoke:
         args.apply_smoke()
     if args.coldstart_fault_share and args.coldstart_again_share and args.max_tool_calls < 3:
         raise ValueError(f"--coldstart_again_share {args.coldstart_again_share} shows a third call: it needs "
                          f"--max_tool_calls 3 or more (got {args.max_tool_calls}), or --coldstart_again_share 0")
-    if args.copy_probe_only:
-        args.arms = "tool"
     out = Path(args.out or ROOT / "runs" / f"miniature-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()
-    results, seed_seconds = [], []
-    with open(out / "metrics.jsonl", "a") as metrics_file:  # a rerun adds the seeds it runs
+    with open(out / "metrics.jsonl", "w") as metrics_file:
 
         def log(record: dict) -> None:  # a record that has its time (made in an arm's process) keeps it
             metrics_file.write(json.dumps({"time_s": round(time.time() - start, 1), **record}) + "\n")
             metrics_file.flush()
 
         log({"event": "config", **asdict(args)})
-        for seed in seed_list(args):
-            finished = finished_seed(args, out, seed)
-            if finished is None:
-                seed_start = time.time()
-                result = run_seed(args, seed, out, log, start)
-                finished = {"seed": seed, "settings": result_settings(args),
-                            "wall_seconds": round(time.time() - seed_start, 1), "result": result}
-                write_atomically(seed_summary_path(out, seed), json.dumps(finished, separators=(",", ":")))
-            else:
-                print(f"seed {seed}: finished in an earlier run ({seed_summary_path(out, seed)}), not run again")
-            results.append(finished["result"])
-            seed_seconds.append(finished["wall_seconds"])
-        log({"event": "done", "wall_seconds": round(time.time() - start, 1)})
-    wall = sum(seed_seconds)  # the seeds' own times, in this run or the earlier one that ran them
-    if args.copy_probe_only:
-        (out / "summary.json").write_text(json.dumps({"wall_seconds": wall, "results": results}, indent=2))
-        return out
+        results = [run_seed(args, seed, out, log, start) for seed in seed_list(args)]
+        wall = time.time() - start
+        log({"event": "done", "wall_seconds": round(wall, 1)})
     (out / "summary.json").write_text(json.dumps({"wall_seconds": wall, "results": results,
                                                   "criteria": [criteria(r) for r in results]}, indent=2))
     write_report(args, out, results, wall)
     plot(out, results, args.arms.split(","))
-    print(f"\nDone: {out / 'report.md'} (the seeds took {wall / 60:.1f} min)")
+    print(f"\nDone in {wall / 60:.1f} min: {out / 'report.md'}")
     return out
 
 

@@ -184,26 +184,3 @@ def tokenizer_corpus(problems: Sequence[Problem], faults: bool = True) -> str:
                   f"{fault_lines}</interpreter>", "Fix the typo.", *(["Retry."] if faults else []),
                   _answer_block(p.answer), "Put your final answer in \\boxed{}.", "user assistant"]
     return "".join(ch for ch in "\n".join(lines) if not ch.isdigit())
-
-
-# --- generic copy text ---------------------------------------------------------------------------------------------
-
-def copy_sequences(token_ids: Sequence[int], digit_ids: Sequence[int], count: int, seed: int | str,
-                   digit_share: float = 0.7) -> list[tuple[list[int], int]]:
-    """Generic copy text for the copy pretraining: `count` sequences of noise, a marker token and a span, more
-    noise, then the marker and the span again, each as (token ids, where the repeated span starts). Spans are 1-8
-    tokens, digits only in `digit_share` of them (digits repeat inside a number, so the position, not the last token
-    alone, says what comes next), otherwise any of `token_ids`; the noise between the two copies varies in length,
-    as the text between an interpreter's output and the answer does. Nothing of the miniature's format or problems
-    is in it."""
-    rng = random.Random(f"copy:{seed}")
-    sequences = []
-    for _ in range(count):
-        pool = digit_ids if rng.random() < digit_share else token_ids
-        marker = rng.choice(token_ids)
-        span = [rng.choice(pool) for _ in range(rng.randint(1, 8))]
-        before = [rng.choice(token_ids) for _ in range(rng.randint(0, 8))]
-        between = [rng.choice(token_ids) for _ in range(rng.randint(1, 16))]
-        first = [*before, marker, *span, *between, marker]
-        sequences.append(([*first, *span], len(first)))
-    return sequences

@@ -66,13 +66,9 @@ def level_rows(metrics: dict) -> dict[str, dict]:
     mean_at_n = f"mean@{metrics['n_samples']}"
 
     def row(m: dict) -> dict:
-        tools = m["tools"]
-        # Binomial over the responses with a call that ran (the samples of one problem counted as independent).
-        with_tool = round((tools["code_ratio"] or 0) * tools.get("responses", 0))
         return {"accuracy": m[mean_at_n], "accuracy_stderr": m.get(f"{mean_at_n}_stderr"),
-                "code_use": tools["code_ratio"], "accuracy_with_tool": tools["accuracy_with_tool"],
-                "accuracy_with_tool_stderr": binomial_stderr(round((tools["accuracy_with_tool"] or 0) * with_tool),
-                                                             with_tool), "problems": m["num_problems"],
+                "code_use": m["tools"]["code_ratio"],
+                "accuracy_with_tool": m["tools"]["accuracy_with_tool"], "problems": m["num_problems"],
                 "completion_tokens": m["mean_completion_tokens"], "self_correction": m.get("self_correction"),
                 "fault_recovery": m.get("fault_recovery")}
 
@@ -110,61 +106,44 @@ def drop_over_last(heldout: list[dict], window: int = 30) -> float | None:
         heldout[-1]["levels"]["all"]["accuracy"]
 
 
-RECOVERY_TARGET = "hard: recovered after an injected fault, RL - SFT > 2 SE"
-WITH_TOOL_TARGET = "accuracy when the tool is called: RL - SFT > 2 SE"
-ALL_TARGET = "all: accuracy RL - SFT > 2 SE"
-
-
-def gain(before: float | None, after: float | None, stderrs: tuple[float | None, float | None]
-         ) -> tuple[float | None, float | None]:
-    """after - before and its standard error (the two evaluations are independent samples); (None, None) when either
-    value or standard error is unknown."""
-    if before is None or after is None or None in stderrs:
-        return None, None
-    return after - before, math.hypot(*stderrs)  # type: ignore[arg-type]  # None excluded above
-
-
-def stage_gain(result: dict, level: str, key: str, stderr_key: str) -> tuple[float | None, float | None]:
-    """The tool arm's `key` on `level`, after RL minus after SFT, with its standard error."""
-    sft, rl = (result["tool"][stage][level] for stage in ("after_sft", "after_rl"))
-    return gain(sft.get(key), rl.get(key), (sft.get(stderr_key), rl.get(stderr_key)))
+RECOVERY_TARGET = "hard: self-correction on recoverable failures (injected faults) RL - SFT > 0"
 
 
 def recovery_gain(result: dict) -> tuple[float | None, float | None]:
     """The tool arm's recovered rate after an injected fault (`fault_recovery`) on the hard levels, after RL minus
-    after SFT, and its standard error; (None, None) when either stage has no response with a fault (a run with
-    `fault_rate` 0)."""
-    sft, rl = (result["tool"][stage]["hard"].get("fault_recovery") or {} for stage in ("after_sft", "after_rl"))
-    return gain(sft.get("recovered_rate"), rl.get("recovered_rate"),
-                (sft.get("recovered_rate_stderr"), rl.get("recovered_rate_stderr")))
+    after SFT, and its standard error (the two evaluations are independent samples); (None, None) when either stage
+    has no response with a fault (a run with `fault_rate` 0)."""
+    stages = [(result["tool"][stage]["hard"].get("fault_recovery") or {}) for stage in ("after_sft", "after_rl")]
+    rates = [s.get("recovered_rate") for s in stages]
+    if rates[0] is None or rates[1] is None:
+        return None, None
+    return rates[1] - rates[0], math.hypot(*(s["recovered_rate_stderr"] for s in stages))
 
 
-def criteria(result: dict) -> list[tuple[str, float | None, bool | None, float | None]]:
-    """The issue's targets for one seed: (name, measured value, met, the value's standard error where it is a gain).
-    A gain is met when RL is above SFT by more than two standard errors: a fixed gain would punish a strong cold
-    start and reward a weak one."""
+def criteria(result: dict) -> list[tuple[str, float | None, bool | None]]:
+    """The issue's targets for one seed: (name, measured value, met)."""
     tool, text = result.get("tool"), result.get("text")
     out = []
 
-    def check(name: str, value: float | None, ok: bool | None, stderr: float | None = None) -> None:
-        out.append((name, value, ok if value is not None else None, stderr))
-
-    def check_gain(name: str, found: tuple[float | None, float | None]) -> None:
-        value, stderr = found
-        check(name, value, value is not None and stderr is not None and value > 2 * stderr, stderr)
+    def check(name: str, value: float | None, ok: bool | None) -> None:
+        out.append((name, value, ok if value is not None else None))
 
     if tool:
-        rl = tool["after_rl"]
+        rl, sft = tool["after_rl"], tool["after_sft"]
         check("hard: code use after RL >= 0.95", rl["hard"]["code_use"], rl["hard"]["code_use"] >= 0.95)
         check("hard: accuracy after RL >= 0.90", rl["hard"]["accuracy"], rl["hard"]["accuracy"] >= 0.90)
         easy_code = rl["easy"]["code_use"] or 0.0
         check("easy: code use after RL <= 0.30", easy_code, easy_code <= 0.30)
         check("easy: accuracy after RL >= 0.90", rl["easy"]["accuracy"], rl["easy"]["accuracy"] >= 0.90)
-        check_gain(WITH_TOOL_TARGET, stage_gain(result, "all", "accuracy_with_tool", "accuracy_with_tool_stderr"))
-        check_gain(ALL_TARGET, stage_gain(result, "all", "accuracy", "accuracy_stderr"))
+        with_tool = [s["all"]["accuracy_with_tool"] for s in (sft, rl)]
+        gain = None if None in with_tool else with_tool[1] - with_tool[0]
+        check("accuracy when the tool is called: RL - SFT >= +0.10", gain, gain is not None and gain >= 0.10)
+        gain = rl["all"]["accuracy"] - sft["all"]["accuracy"]
+        check("all: accuracy RL - SFT >= +0.30", gain, gain >= 0.30)
         drop = drop_over_last(result.get("heldout", {}).get("tool", []))
         check("tool RL: held-out accuracy drop over the last 30 steps <= 0.05", drop, drop is not None and drop <= 0.05)
-        check_gain(RECOVERY_TARGET, recovery_gain(result))
+        gain, _ = recovery_gain(result)
+        check(RECOVERY_TARGET, gain, gain is not None and gain > 0)
     if tool and text:
         gap = tool["after_rl"]["hard"]["accuracy"] - text["after_rl"]["hard"]["accuracy"]
         check("hard: tool RL - text RL >= +0.50", gap, gap >= 0.50)
@@ -239,6 +218,12 @@ def recovery_gain_line(results: list[dict]) -> str:
             f"{len(values)} seed(s) {_signed(mean)} ± {_fmt(se)}.")
 
 
+def _recovery_stderr(result: dict) -> str:
+    """The " ± SE" of a seed's recovery gain, for its cell in the targets table; "" when unknown."""
+    _, se = recovery_gain(result)
+    return "" if se is None else f" ± {se:.2f}"
+
+
 def _signed(value: float | None) -> str:
     return "-" if value is None else f"{value:+.2f}"
 
@@ -254,7 +239,7 @@ def seed_summary(results: list[dict]) -> list[dict]:
     statistics but not of `seeds`."""
     table = [criteria(r) for r in results]
     summary = []
-    for i, (name, *_) in enumerate(table[0]):
+    for i, (name, _, _) in enumerate(table[0]):
         measured = [(r["seed"], value) for r, t in zip(results, table, strict=True) if (value := t[i][1]) is not None]
         values = [v for _, v in measured]
         pick = min if _higher_is_better(name) else max
@@ -324,32 +309,6 @@ def self_correction_samples(out: Path, limit: int = 3) -> list[str]:
     return found
 
 
-def copy_lines(results: list[dict]) -> list[str]:
-    """The copy skill per seed: the copy pretraining (steps, held-out spans copied, built or from the cache) and the
-    held-out copy probe after SFT (the tool arm's hard problems whose code and whose boxed answer greedy decoding
-    copies right)."""
-    lines = ["## The copy skill before RL", "",
-             "Copy pretraining on generic copy text (a span repeated after a marker; none of the task's text), then the "
-             "held-out copy probe after SFT: of the hard test problems' plain code solutions, the share where the "
-             "model's most likely token is right at every token of the code (the question's numbers copied into the "
-             "call) and of the boxed answer (the interpreter's digits copied into the answer).", "",
-             "| seed | copy pretraining | probe: code copied | probe: answer copied | answer copied per level |",
-             "|---|---|---|---|---|"]
-    for r in results:
-        copy = r.get("copy_pretrain") or {}
-        source = "from the cache" if copy.get("cached") else f"built in {copy.get('seconds', 0):.0f} s"
-        built = (f"{copy['steps']} steps, held-out copied {copy['held_out_copied']:.2f}, {source}" if copy
-                 else "none")
-        probe = (r.get("copy_probe") or {}).get("tool", {}).get("after_sft")
-        if not probe:
-            lines.append(f"| {r['seed']} | {built} | - | - | - |")
-            continue
-        levels = ", ".join(f"{level} {row['answer_copied']:.2f}" for level, row in probe.items() if level != "hard")
-        lines.append(f"| {r['seed']} | {built} | {probe['hard']['code_copied']:.2f} | "
-                     f"{probe['hard']['answer_copied']:.2f} | {levels} |")
-    return lines
-
-
 def write_report(args: Any, out: Path, results: list[dict], wall_s: float) -> None:
     lines = ["# ReTool in miniature", "",
              f"Command: `bash scripts/miniature.sh {' '.join(sys.argv[1:])}`  ", f"Wall time: {wall_s / 60:.1f} min "
@@ -363,14 +322,12 @@ def write_report(args: Any, out: Path, results: list[dict], wall_s: float) -> No
                   ""]
     for arm in args.arms.split(","):
         lines += [f"## Arm `{arm}`", "", *level_table(results, arm), ""]
-    lines += [*copy_lines(results), ""]
     lines += ["## Targets", "", "| target | " + " | ".join(f"seed {r['seed']}" for r in results) + " |",
               "|---|" + "---|" * len(results)]
     table = [criteria(r) for r in results]
-    for i, (name, *_) in enumerate(table[0]):
-        cells = [f"{_fmt(value) if stderr is None else f'{_signed(value)} ± {stderr:.2f}'} "
-                 f"{'met' if met else 'not met' if met is False else 'n/a'}" for _, value, met, stderr in
-                 (t[i] for t in table)]
+    for i, (name, _, _) in enumerate(table[0]):
+        cells = [f"{_fmt(t[i][1])}{_recovery_stderr(r) if name == RECOVERY_TARGET else ''} "
+                 f"{'met' if t[i][2] else 'not met' if t[i][2] is False else 'n/a'}" for r, t in zip(results, table, strict=True)]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", "Over seeds (worst: the lowest value, or the highest for a `<=` target):", "",
               "| target | mean | sd | worst seed | seeds met |", "|---|---|---|---|---|"]
