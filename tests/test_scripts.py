@@ -72,8 +72,8 @@ def test_help_is_short_and_names_the_config(script):
     (["--config", "missing.yaml"], "--config missing.yaml: no such file"),
     (["--max_stepz", "3"], "['--max_stepz', '3']"),
     (["--n_samples", "many"], "invalid int value: 'many'"),
-    (["--backend", "openai", "--model", "m"], "--backend openai needs --base_url"),
-    (["--model", "Qwen/Qwen3-4B"], "hf download Qwen/Qwen3-4B"),
+    (["--backend", "openai", "--model", "m", "--dataset", "arith"], "--backend openai needs --base_url"),
+    (["--model", "Qwen/Qwen3-4B", "--dataset", "arith"], "hf download Qwen/Qwen3-4B"),
     (["--dataset", "no/such-file.parquet"], "no/such-file.parquet"),
 ])
 def test_command_line_mistakes_are_one_line(args, message, tmp_path):
