@@ -31,6 +31,12 @@ READ = [
     ("pythonic", "[search(query='q', tags={'urgent', 'bug'})]", [("search", {"query": "q", "tags": ["urgent", "bug"]})]),
     ("lfm2", "<|tool_call_start|>[search(query='a\x00b')]<|tool_call_end|>", [("search", {"query": "a\x00b"})]),
     ("gemma4", '<|tool_call>:search{query:<|"|>q<|"|>}<tool_call|>', [("search", {"query": "q"})]),
+    ("lfm2", "<|tool_call_start|>[code_interpreter(code='x = f('a', 'b')\nprint(x)')]<|tool_call_end|>",
+     [("code_interpreter", {"code": "x = f('a', 'b')\nprint(x)"})]),  # LFM2.5's first template: raw quotes
+    ("lfm2", "<|tool_call_start|>[search(query='sed -n '1,9p' f.py', limit=07)]<|tool_call_end|>",
+     [("search", {"query": "sed -n '1,9p' f.py", "limit": 7})]),
+    ("lfm2", "<|tool_call_start|>[search(query=\"say \"hi\"\", tags=['a', 'b'], limit=008)]<|tool_call_end|>",
+     [("search", {"query": 'say "hi"', "tags": ["a", "b"], "limit": 8})]),
     ("openai", ' to=search<|channel|>commentary json<|message|>{"query": "q"}<|call|>', [("search", {"query": "q"})]),
     ("openai", '<|channel|>commentary to=functions.search <|constrain|>json<|message|>{"query": "q"}<|call|>',
      [("search", {"query": "q"})]),
@@ -42,6 +48,7 @@ REFUSED = [
     ("openai", ' to=functions.<|channel|>commentary json<|message|>{"query": "q"}<|call|>', "not a function"),
     ("pythonic", "[search(query=b'q')]", "no JSON form"),
     ("pythonic", "[search(query='q', filters={1: 2})]", "not a string"),
+    ("lfm2", "<|tool_call_start|>[search(query='1'2', exact='3')]<|tool_call_end|>", "not closed"),  # two closes read
     ("kimi_k2", '<|tool_calls_section_begin|><|tool_call_begin|>functions.search.0<|tool_call_argument_begin|>'
                 '{"query": "q"}<|tool_call_end|><|tool_calls_section_end|>', "functions.NAME:INDEX"),
 ]
@@ -67,6 +74,16 @@ def test_content_is_what_vllm_gives_back():
     harmony = ("<|channel|>commentary<|message|>Running it.<|end|><|start|>assistant to=functions.search"
                '<|channel|>commentary json<|message|>{"query": "q"}<|call|>')
     assert get_dialect("openai").parse(harmony, TOOLS).content == "Running it."
+
+
+def test_lfm2_repairs_stay_linear():
+    """A broken string with thousands of possible closing quotes is refused after a bounded number of tries."""
+    import time
+
+    text = "<|tool_call_start|>[search(query='" + "x', " * 20_000 + "y')]<|tool_call_end|>"
+    started = time.perf_counter()
+    (call,) = get_dialect("lfm2").parse(text, TOOLS).calls
+    assert call.error is not None and time.perf_counter() - started < 2.0
 
 
 HARMONY_CONTENT = [  # (turn, the content vLLM's HarmonyParser gives back, its end token aside)
