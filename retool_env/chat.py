@@ -19,11 +19,13 @@ import importlib.util
 import json
 import secrets
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from retool_env.chat_render import ChatRenderer
+from retool_env.reasoning import split_reasoning
 from retool_env.tokens import Tokenizer, encode_pieces, encode_text, has_added_token_text
 
 __all__ = ["Conversation", "NextContext", "chat_template_names", "resolve_chat_template", "with_chat_template"]
@@ -89,8 +91,10 @@ class Conversation:
     added (each turn adds new dicts), so its copy for the template is made once (`ChatRenderer.messages_frozen`)."""
 
     def __init__(self, tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                 turn_end: str, chat_template_kwargs: dict[str, Any] | None = None) -> None:
+                 turn_end: str, chat_template_kwargs: dict[str, Any] | None = None,
+                 split_turn: Callable[[str, bool], tuple[str, str]] = split_reasoning) -> None:
         self.tokenizer = tokenizer
+        self.split_turn = split_turn  # the step's reading (`ToolFormat.split_reasoning`): a call's `</think>` is text
         self.tools = tools
         self.turn_end = turn_end
         self.chat_template_kwargs = dict(chat_template_kwargs or {})  # e.g. enable_thinking, in every render
@@ -114,13 +118,18 @@ class Conversation:
         from `tool_calls`, its reasoning kept as `assistant_message` keeps it and `tool_message`'s content and calls."""
         if tool_message is None:
             return self.assistant_message(model_text, split)
-        reasoning_end = model_text.find(_END_THINK)
+        reasoning_end = self.reasoning_end(model_text)
         reasoning = model_text[: reasoning_end + len(_END_THINK)] if reasoning_end >= 0 else ""
         content = tool_message.get("content")
         message = self.assistant_message(reasoning + (content or ""), split)
         if content is None and message.get("content") == "":
             return {**tool_message, **message, "content": None, "tool_calls": tool_message["tool_calls"]}
         return {**tool_message, **message, "tool_calls": tool_message["tool_calls"]}
+
+    def reasoning_end(self, text: str) -> int:
+        """The index of the model's own `</think>` in `text` as the step reads it (outside its call blocks), or -1."""
+        reasoning, content = self.split_turn(text, False)
+        return len(reasoning) if len(reasoning) + len(_END_THINK) + len(content) == len(text) else -1
 
     def assistant_message(self, model_text: str, reasoning_field: bool | None = None) -> dict[str, str]:
         """The model's turn as a message. Its text follows the think block the generation prompt opened, if any
@@ -129,8 +138,9 @@ class Conversation:
         is kept for the episode (`reasoning_field`)."""
         text = (_THINK if self.text.endswith(_THINK) else "") + model_text
         split = self.reasoning_field if reasoning_field is None else reasoning_field
-        if split and _END_THINK in text:
-            reasoning, content = text.split(_END_THINK, 1)
+        reasoning_end = self.reasoning_end(text) if split else -1
+        if reasoning_end >= 0:
+            reasoning, content = text[:reasoning_end], text[reasoning_end + len(_END_THINK):]
             return {"role": "assistant", "content": content.lstrip("\n"),
                     "reasoning_content": reasoning.removeprefix(_THINK).strip("\n")}
         return {"role": "assistant", "content": text}

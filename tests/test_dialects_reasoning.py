@@ -100,3 +100,37 @@ def test_the_reasoning_split_is_linear_on_hostile_text(dialect):
             started = time.perf_counter()
             split(text, True)
             assert time.perf_counter() - started < 1.0, (opener, unit)
+
+
+def _qwen_call(code: str) -> str:
+    return ("<tool_call>\n<function=code_interpreter>\n<parameter=code>\n" + code +
+            "\n</parameter>\n</function>\n</tool_call>")
+
+
+def test_the_history_ends_the_reasoning_where_the_step_does(qwen_tok):
+    """The chat history rebuilt after a call splits the turn at the model's own `</think>`, not at one inside a
+    call block within its reasoning: the template gives the turn back as the model wrote it (no rewrite)."""
+    import warnings
+
+    env = ToolEnvironment(qwen_tok, [PROBLEM], chat_template="qwen3_8")  # reads reasoning from its own field
+    env.reset(options={"problem": PROBLEM})
+    turn = "Maybe " + _qwen_call("print('</think>')") + " no.\n</think>\n\n" + _qwen_call("print(6 * 7)")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "the chat template rewrote an earlier turn" would fail here
+        *_, info = env.step([*encode(qwen_tok, turn), env.format.turn_end_id])
+    assert [r["output"].strip() for r in info["tool_results"]] == ["42"]
+    assert env._conversation.messages[-2]["reasoning_content"].endswith("</tool_call> no.")
+
+
+@pytest.mark.filterwarnings("ignore:the chat template rewrote")
+def test_a_think_tag_in_gpt_oss_analysis_is_plain_text_in_the_history():
+    """gpt-oss marks reasoning with channels: a `</think>` in its analysis never splits the turn (its template
+    raises on a message whose content holds harmony markup)."""
+    if "gptoss" not in NAMES:
+        pytest.skip("needs TRL's chat templates")
+    env = ToolEnvironment(family_tokenizer("gptoss"), [PROBLEM])
+    env.reset(options={"problem": PROBLEM})
+    turn = ('<|channel|>analysis<|message|>A </think> in my notes.<|end|><|start|>assistant to=functions.'
+            'code_interpreter<|channel|>commentary json<|message|>{"code": "print(6 * 7)"}<|call|>')
+    *_, info = env.step(encode(env.tokenizer, turn))
+    assert [r["output"].strip() for r in info["tool_results"]] == ["42"]
