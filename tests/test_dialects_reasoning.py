@@ -62,6 +62,18 @@ def test_reasoning_left_open_around_a_call_is_never_graded(dialect, qwen_tok):
     assert env.trajectory.graded_text == "" and reward < 0
 
 
+@pytest.mark.parametrize("dialect", sorted(d for d in DIALECTS if get_dialect(d).think_tags))
+def test_a_call_left_open_inside_reasoning_makes_the_rest_of_the_turn_reasoning(dialect, qwen_tok):
+    """The model starts a call inside its reasoning and never closes it, then writes `</think>` and an answer: the
+    `</think>` may be the call's text, so the turn is all reasoning, no answer (vLLM's reasoning parsers end the
+    reasoning there and read the answer; docs/environment.md's table says why the environment does not)."""
+    env = environment(dialect, qwen_tok)
+    call = get_dialect(dialect).call_text([FunctionCall("code_interpreter", {"code": "print(6 * 7)"})])
+    text = f"<think>\nI could run {call[:call.index('print(6') + 5]}\n</think>\n\nThe answer is \\boxed{{42}}."
+    obs, reward, terminated, truncated, info = step_text(env, text)
+    assert terminated and info["tool_results"] == [] and env.trajectory.graded_text == "" and reward < 0
+
+
 # Mistral's `[TOOL_CALLS]` runs to the end of the turn: a `</think>` after it is the call's text.
 @pytest.mark.parametrize("dialect", sorted(d for d in DIALECTS if get_dialect(d).think_tags and d != "mistral"))
 def test_the_models_own_think_end_after_a_call_still_ends_its_reasoning(dialect, qwen_tok):
