@@ -129,7 +129,9 @@ class Conversation:
     def reasoning_end(self, text: str) -> int:
         """The index of the model's own `</think>` in `text` as the step reads it (outside its call blocks), or -1."""
         reasoning, content = self.split_turn(text, False)
-        return len(reasoning) if len(reasoning) + len(_END_THINK) + len(content) == len(text) else -1
+        split = len(reasoning) + len(_END_THINK) + len(content) == len(text) and text.startswith(_END_THINK,
+                                                                                                 len(reasoning))
+        return len(reasoning) if split else -1
 
     def assistant_message(self, model_text: str, reasoning_field: bool | None = None) -> dict[str, str]:
         """The model's turn as a message. Its text follows the think block the generation prompt opened, if any

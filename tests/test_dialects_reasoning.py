@@ -146,3 +146,20 @@ def test_a_think_tag_in_gpt_oss_analysis_is_plain_text_in_the_history():
             'code_interpreter<|channel|>commentary json<|message|>{"code": "print(6 * 7)"}<|call|>')
     *_, info = env.step(encode(env.tokenizer, turn))
     assert [r["output"].strip() for r in info["tool_results"]] == ["42"]
+
+
+@pytest.mark.parametrize("turn", [
+    "<|channel|>analysis<|message|>It is \\boxed{42}.<|end|><|start|>assistant<|channel|>final<|message|>I am not "
+    "sure.<|return|>",
+    "<|channel|>analysis<|message|>It is \\boxed{42}.<|end|>",
+])
+def test_gpt_oss_analysis_is_reasoning_and_never_graded(turn):
+    """gpt-oss's analysis channel is its reasoning (vLLM gives it back as `reasoning`, not content): a box there
+    earns nothing; only the final message is graded."""
+    if "gptoss" not in NAMES:
+        pytest.skip("needs TRL's chat templates")
+    env = ToolEnvironment(family_tokenizer("gptoss"), [PROBLEM])
+    env.reset(options={"problem": PROBLEM})
+    *_, terminated, truncated, info = env.step(encode(env.tokenizer, turn))
+    assert terminated and not env.trajectory.correct and "analysis" not in env.trajectory.graded_text
+    assert get_dialect("openai").split_reasoning(turn)[0] == "It is \\boxed{42}."

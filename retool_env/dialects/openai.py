@@ -55,6 +55,20 @@ class OpenAIHarmony(Dialect):
     multiple_calls = False
     think_tags = False  # reasoning is the analysis channel
 
+    def split_reasoning(self, text: str, opened: bool = False) -> tuple[str, str]:
+        """(reasoning, content): the analysis messages are the reasoning, as vLLM's `HarmonyParser` reads them; the
+        content is the rest of the turn, its markup kept, where calls and the final answer are read."""
+        if "<|channel|>analysis" not in text:
+            return "", text
+        reasoning, content = [], []
+        for index, segment in enumerate(text.split("<|start|>")):
+            header, marker, message = segment.partition("<|message|>")
+            if marker and "<|channel|>analysis" in header and _recipient(header) is None:
+                reasoning.append(_body(message))
+            else:
+                content.append(("<|start|>" if index else "") + segment)
+        return "\n".join(reasoning), "".join(content)
+
     def _scan(self, text: str) -> Scan:
         if "<|message|>" not in text:  # no harmony markup at all: plain text is the answer
             return Scan(content=[text])
