@@ -120,7 +120,7 @@ def read_lfm2_calls(body: str) -> list[RawCall]:
     if all(call.error is None for call in calls):
         return calls
     unpadded = without_leading_zeros(body)
-    return _read(unpadded) or with_nested_quotes_closed(unpadded) or calls
+    return (unpadded != body and _read(unpadded)) or with_nested_quotes_closed(unpadded) or calls
 
 
 class Lfm2(Dialect):
