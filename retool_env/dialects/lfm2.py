@@ -11,7 +11,6 @@ only closing quote after which the list reads. vLLM: `--tool-call-parser lfm2`.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 from retool_env.dialects.base import Dialect, FunctionCall, RawCall, Scan, find_blocks, scan_blocks, string_end
@@ -20,7 +19,6 @@ from retool_env.dialects.pythonic import python_call_list, read_python_calls
 CALL_START, CALL_END = "<|tool_call_start|>", "<|tool_call_end|>"
 MAX_QUOTE_CLOSES = 16  # closing quotes tried for one broken string: each try reads the list again
 _FOLLOWERS = frozenset(",)]}:")  # what may follow a string's closing quote
-_SPACES = re.compile(r"\s*")
 
 
 def _read(text: str) -> list[RawCall] | None:
@@ -62,7 +60,9 @@ def without_leading_zeros(text: str) -> str:
 
 def _closes(text: str, quote_at: int) -> bool:
     """Whether the quote at `quote_at` can close a string: what follows it (spaces skipped) is one of `,)]}:`."""
-    after = _SPACES.match(text, quote_at + 1).end()
+    after = quote_at + 1
+    while after < len(text) and text[after].isspace():  # runs after different quotes never overlap: linear
+        after += 1
     return after < len(text) and text[after] in _FOLLOWERS
 
 
@@ -99,7 +99,8 @@ def with_nested_quotes_closed(text: str) -> list[RawCall] | None:
         if _closes(text, first - 1):
             i = first
             continue
-        closes, at = [], first - 1
+        closes: list[int] = []
+        at = first - 1
         while at >= 0 and len(closes) <= MAX_QUOTE_CLOSES:
             if not _escaped(text, at) and _closes(text, at):
                 closes.append(at)
