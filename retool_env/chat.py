@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from retool_env.chat_render import ChatRenderer
-from retool_env.reasoning import split_reasoning
 from retool_env.tokens import Tokenizer, encode_pieces, encode_text, has_added_token_text
 
 __all__ = ["Conversation", "NextContext", "chat_template_names", "resolve_chat_template", "with_chat_template"]
@@ -34,6 +33,12 @@ SHIPPED_TEMPLATES = Path(__file__).parent / "chat_templates"
 SAMPLE_MODES = ("episode", "turn")
 _THINK = "<think>\n"
 _END_THINK = "</think>"
+
+
+def _at_first_think_end(text: str, opened: bool) -> tuple[str, str]:
+    """(reasoning, content) split at the first `</think>`, for a caller that knows no call blocks."""
+    reasoning, marker, content = text.partition(_END_THINK)
+    return (reasoning, content) if marker else ("", text)
 
 
 def template_folders() -> list[Path]:
@@ -92,9 +97,9 @@ class Conversation:
 
     def __init__(self, tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                  turn_end: str, chat_template_kwargs: dict[str, Any] | None = None,
-                 split_turn: Callable[[str, bool], tuple[str, str]] = split_reasoning) -> None:
+                 split_turn: Callable[[str, bool], tuple[str, str]] | None = None) -> None:
         self.tokenizer = tokenizer
-        self.split_turn = split_turn  # the step's reading (`ToolFormat.split_reasoning`): a call's `</think>` is text
+        self.split_turn = split_turn or _at_first_think_end  # the step's (`ToolFormat.split_reasoning`)
         self.tools = tools
         self.turn_end = turn_end
         self.chat_template_kwargs = dict(chat_template_kwargs or {})  # e.g. enable_thinking, in every render
