@@ -148,18 +148,20 @@ def test_a_think_tag_in_gpt_oss_analysis_is_plain_text_in_the_history():
     assert [r["output"].strip() for r in info["tool_results"]] == ["42"]
 
 
-@pytest.mark.parametrize("turn", [
-    "<|channel|>analysis<|message|>It is \\boxed{42}.<|end|><|start|>assistant<|channel|>final<|message|>I am not "
-    "sure.<|return|>",
-    "<|channel|>analysis<|message|>It is \\boxed{42}.<|end|>",
+@pytest.mark.parametrize(("template", "turn"), [
+    ("gptoss", "<|channel|>analysis<|message|>It is \\boxed{42}.<|end|><|start|>assistant<|channel|>final<|message|>I "
+               "am not sure.<|return|>"),
+    ("gptoss", "<|channel|>analysis<|message|>It is \\boxed{42}.<|end|>"),
+    ("muse_glimmer", " to=self<|message|>It is \\boxed{42}.<|eom|><|start|>assistant to=user<|message|>I am not "
+                     "sure.<|eot|>"),
 ])
-def test_gpt_oss_analysis_is_reasoning_and_never_graded(turn):
-    """gpt-oss's analysis channel is its reasoning (vLLM gives it back as `reasoning`, not content): a box there
-    earns nothing; only the final message is graded."""
-    if "gptoss" not in NAMES:
+def test_channel_reasoning_is_never_graded(template, turn):
+    """gpt-oss's analysis channel and Muse Glimmer's messages to `self` are reasoning (vLLM gives gpt-oss's back as
+    `reasoning`, not content): a box there earns nothing; only the answer message is graded."""
+    if template not in NAMES:
         pytest.skip("needs TRL's chat templates")
-    env = ToolEnvironment(family_tokenizer("gptoss"), [PROBLEM])
+    env = ToolEnvironment(family_tokenizer(template), [PROBLEM])
     env.reset(options={"problem": PROBLEM})
     *_, terminated, truncated, info = env.step(encode(env.tokenizer, turn))
-    assert terminated and not env.trajectory.correct and "analysis" not in env.trajectory.graded_text
-    assert get_dialect("openai").split_reasoning(turn)[0] == "It is \\boxed{42}."
+    assert terminated and not env.trajectory.correct and "boxed" not in env.trajectory.graded_text
+    assert env.format.split_reasoning(turn)[0] == "It is \\boxed{42}."
