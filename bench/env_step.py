@@ -117,7 +117,7 @@ def hostile_rows(tok, n_tokens: int, repeats: int) -> list[dict]:
 
 # dialect -> the TRL template that teaches it (None: the Qwen tokenizer's own, Qwen3-Instruct-2507's)
 DIALECT_TEMPLATES = {"hermes": None, "qwen3_coder": "qwen3_6_training", "llama3_json": "llama3_1",
-                     "glm45": "glm4moe_training", "openai": "gptoss_training"}
+                     "glm45": "glm4moe_training", "openai": "gptoss_training", "lfm2": "lfm2_v2_training"}
 
 
 def family_tokenizer(base, template_name: str | None):

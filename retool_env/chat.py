@@ -19,6 +19,7 @@ import importlib.util
 import json
 import secrets
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,12 @@ SHIPPED_TEMPLATES = Path(__file__).parent / "chat_templates"
 SAMPLE_MODES = ("episode", "turn")
 _THINK = "<think>\n"
 _END_THINK = "</think>"
+
+
+def _at_first_think_end(text: str, opened: bool) -> tuple[str, str]:
+    """(reasoning, content) split at the first `</think>`, for a caller that knows no call blocks."""
+    reasoning, marker, content = text.partition(_END_THINK)
+    return (reasoning, content) if marker else ("", text)
 
 
 def template_folders() -> list[Path]:
@@ -89,8 +96,10 @@ class Conversation:
     added (each turn adds new dicts), so its copy for the template is made once (`ChatRenderer.messages_frozen`)."""
 
     def __init__(self, tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                 turn_end: str, chat_template_kwargs: dict[str, Any] | None = None) -> None:
+                 turn_end: str, chat_template_kwargs: dict[str, Any] | None = None,
+                 split_turn: Callable[[str, bool], tuple[str, str]] | None = None) -> None:
         self.tokenizer = tokenizer
+        self.split_turn = split_turn or _at_first_think_end  # the step's (`ToolFormat.split_reasoning`)
         self.tools = tools
         self.turn_end = turn_end
         self.chat_template_kwargs = dict(chat_template_kwargs or {})  # e.g. enable_thinking, in every render
@@ -114,13 +123,20 @@ class Conversation:
         from `tool_calls`, its reasoning kept as `assistant_message` keeps it and `tool_message`'s content and calls."""
         if tool_message is None:
             return self.assistant_message(model_text, split)
-        reasoning_end = model_text.find(_END_THINK)
+        reasoning_end = self.reasoning_end(model_text)
         reasoning = model_text[: reasoning_end + len(_END_THINK)] if reasoning_end >= 0 else ""
         content = tool_message.get("content")
         message = self.assistant_message(reasoning + (content or ""), split)
         if content is None and message.get("content") == "":
             return {**tool_message, **message, "content": None, "tool_calls": tool_message["tool_calls"]}
         return {**tool_message, **message, "tool_calls": tool_message["tool_calls"]}
+
+    def reasoning_end(self, text: str) -> int:
+        """The index of the model's own `</think>` in `text` as the step reads it (outside its call blocks), or -1."""
+        reasoning, content = self.split_turn(text, False)
+        split = len(reasoning) + len(_END_THINK) + len(content) == len(text) and text.startswith(_END_THINK,
+                                                                                                 len(reasoning))
+        return len(reasoning) if split else -1
 
     def assistant_message(self, model_text: str, reasoning_field: bool | None = None) -> dict[str, str]:
         """The model's turn as a message. Its text follows the think block the generation prompt opened, if any
@@ -129,8 +145,9 @@ class Conversation:
         is kept for the episode (`reasoning_field`)."""
         text = (_THINK if self.text.endswith(_THINK) else "") + model_text
         split = self.reasoning_field if reasoning_field is None else reasoning_field
-        if split and _END_THINK in text:
-            reasoning, content = text.split(_END_THINK, 1)
+        reasoning_end = self.reasoning_end(text) if split else -1
+        if reasoning_end >= 0:
+            reasoning, content = text[:reasoning_end], text[reasoning_end + len(_END_THINK):]
             return {"role": "assistant", "content": content.lstrip("\n"),
                     "reasoning_content": reasoning.removeprefix(_THINK).strip("\n")}
         return {"role": "assistant", "content": text}

@@ -214,7 +214,7 @@ class ToolEnvironment(gym.Env):
         if self.format.tool_turns:  # tool results are turns the chat template renders, after the model's
             assert self.format.turn_end is not None  # every format with tool turns finds its turn end
             self._conversation = Conversation(self.tokenizer, messages, self.format.tools, self.format.turn_end,
-                                              template_kwargs)
+                                              template_kwargs, self.format.split_reasoning)
         if config.max_model_len is not None and len(prompt_ids) >= config.max_model_len:
             raise ValueError(f"the prompt of problem {self.problem.id!r} has {len(prompt_ids)} tokens, not fewer than "
                              f"max_model_len={config.max_model_len}; raise max_model_len or shorten the prompt")

@@ -62,6 +62,18 @@ def test_reasoning_left_open_around_a_call_is_never_graded(dialect, qwen_tok):
     assert env.trajectory.graded_text == "" and reward < 0
 
 
+@pytest.mark.parametrize("dialect", sorted(d for d in DIALECTS if get_dialect(d).think_tags))
+def test_a_call_left_open_inside_reasoning_makes_the_rest_of_the_turn_reasoning(dialect, qwen_tok):
+    """The model starts a call inside its reasoning and never closes it, then writes `</think>` and an answer: the
+    `</think>` may be the call's text, so the turn is all reasoning, no answer (vLLM's reasoning parsers end the
+    reasoning there and read the answer; docs/environment.md's table says why the environment does not)."""
+    env = environment(dialect, qwen_tok)
+    call = get_dialect(dialect).call_text([FunctionCall("code_interpreter", {"code": "print(6 * 7)"})])
+    text = f"<think>\nI could run {call[:call.index('print(6') + 5]}\n</think>\n\nThe answer is \\boxed{{42}}."
+    obs, reward, terminated, truncated, info = step_text(env, text)
+    assert terminated and info["tool_results"] == [] and env.trajectory.graded_text == "" and reward < 0
+
+
 # Mistral's `[TOOL_CALLS]` runs to the end of the turn: a `</think>` after it is the call's text.
 @pytest.mark.parametrize("dialect", sorted(d for d in DIALECTS if get_dialect(d).think_tags and d != "mistral"))
 def test_the_models_own_think_end_after_a_call_still_ends_its_reasoning(dialect, qwen_tok):
@@ -100,3 +112,56 @@ def test_the_reasoning_split_is_linear_on_hostile_text(dialect):
             started = time.perf_counter()
             split(text, True)
             assert time.perf_counter() - started < 1.0, (opener, unit)
+
+
+def _qwen_call(code: str) -> str:
+    return ("<tool_call>\n<function=code_interpreter>\n<parameter=code>\n" + code +
+            "\n</parameter>\n</function>\n</tool_call>")
+
+
+def test_the_history_ends_the_reasoning_where_the_step_does(qwen_tok):
+    """The chat history rebuilt after a call splits the turn at the model's own `</think>`, not at one inside a
+    call block within its reasoning: the template gives the turn back as the model wrote it (no rewrite)."""
+    import warnings
+
+    env = ToolEnvironment(qwen_tok, [PROBLEM], chat_template="qwen3_8")  # reads reasoning from its own field
+    env.reset(options={"problem": PROBLEM})
+    turn = "Maybe " + _qwen_call("print('</think>')") + " no.\n</think>\n\n" + _qwen_call("print(6 * 7)")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "the chat template rewrote an earlier turn" would fail here
+        *_, info = env.step([*encode(qwen_tok, turn), env.format.turn_end_id])
+    assert [r["output"].strip() for r in info["tool_results"]] == ["42"]
+    assert env._conversation.messages[-2]["reasoning_content"].endswith("</tool_call> no.")
+
+
+@pytest.mark.filterwarnings("ignore:the chat template rewrote")
+def test_a_think_tag_in_gpt_oss_analysis_is_plain_text_in_the_history():
+    """gpt-oss marks reasoning with channels: a `</think>` in its analysis never splits the turn (its template
+    raises on a message whose content holds harmony markup)."""
+    if "gptoss" not in NAMES:
+        pytest.skip("needs TRL's chat templates")
+    env = ToolEnvironment(family_tokenizer("gptoss"), [PROBLEM])
+    env.reset(options={"problem": PROBLEM})
+    turn = ('<|channel|>analysis<|message|>A </think> in my notes.<|end|><|start|>assistant to=functions.'
+            'code_interpreter<|channel|>commentary json<|message|>{"code": "print(6 * 7)"}<|call|>')
+    *_, info = env.step(encode(env.tokenizer, turn))
+    assert [r["output"].strip() for r in info["tool_results"]] == ["42"]
+
+
+@pytest.mark.parametrize(("template", "turn"), [
+    ("gptoss", "<|channel|>analysis<|message|>It is \\boxed{42}.<|end|><|start|>assistant<|channel|>final<|message|>I "
+               "am not sure.<|return|>"),
+    ("gptoss", "<|channel|>analysis<|message|>It is \\boxed{42}.<|end|>"),
+    ("muse_glimmer", " to=self<|message|>It is \\boxed{42}.<|eom|><|start|>assistant to=user<|message|>I am not "
+                     "sure.<|eot|>"),
+])
+def test_channel_reasoning_is_never_graded(template, turn):
+    """gpt-oss's analysis channel and Muse Glimmer's messages to `self` are reasoning (vLLM gives gpt-oss's back as
+    `reasoning`, not content): a box there earns nothing; only the answer message is graded."""
+    if template not in NAMES:
+        pytest.skip("needs TRL's chat templates")
+    env = ToolEnvironment(family_tokenizer(template), [PROBLEM])
+    env.reset(options={"problem": PROBLEM})
+    *_, terminated, truncated, info = env.step(encode(env.tokenizer, turn))
+    assert terminated and not env.trajectory.correct and "boxed" not in env.trajectory.graded_text
+    assert env.format.split_reasoning(turn)[0] == "It is \\boxed{42}."

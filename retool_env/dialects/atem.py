@@ -59,6 +59,21 @@ class Atem(Dialect):
     end_tokens = ("<|eot|>", "<|eom|>")
     think_tags = False  # reasoning is a message to `self`
 
+    def split_reasoning(self, text: str, opened: bool = False) -> tuple[str, str]:
+        """(reasoning, content): the messages to `self` are the reasoning; the content is the rest of the turn, its
+        markup kept, where calls and the answer (the message to `user`) are read."""
+        if "to=self" not in text or "<|message|>" not in text:
+            return "", text
+        reasoning, content = [], []
+        for index, message in enumerate(text.split("<|start|>")):
+            header, marker, body = message.partition("<|message|>")
+            if marker and "to=self" in header:
+                reasoning.append(body[:min((i for i in (body.find(end) for end in _ENDS) if i >= 0),
+                                           default=len(body))])
+            else:
+                content.append(("<|start|>" if index else "") + message)
+        return "\n".join(reasoning), "".join(content)
+
     def _scan(self, text: str) -> Scan:
         scan = Scan()
         messages = text.split("<|start|>") if "<|message|>" in text else [text]

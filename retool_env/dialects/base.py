@@ -147,18 +147,29 @@ def string_end(text: str, i: int, quote: str, end: int | None = None) -> int:
     return -1
 
 
+_ESCAPE_SYNTAX = re.compile(r"[\"'\\\n\r\t\x00]")  # quotes, backslashes and the control characters to escape
+_CONTROL_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\x00": "\\x00"}
+
+
 def escape_raw_control_chars(text: str) -> str:
     """Escape newlines and tabs written raw inside string literals (a common model mistake, and how some templates
-    render strings); text outside strings is unchanged."""
-    out, quote, escaped = [], "", False
-    for ch in text:
-        if quote and not escaped and ch in "\n\r\t\x00":
-            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t", "\x00": "\\x00"}[ch])
+    render strings); text outside strings is unchanged. One pass that jumps between syntax characters."""
+    out, quote, i = [], "", 0
+    for match in _ESCAPE_SYNTAX.finditer(text):
+        at, ch = match.start(), match.group()
+        if at < i:  # the character a backslash escaped
             continue
-        if not escaped and ch in "\"'" and (not quote or ch == quote):
-            quote = "" if quote else ch
-        escaped = ch == "\\" and not escaped and bool(quote)
-        out.append(ch)
+        out.append(text[i:at])
+        i = at + 1
+        if ch == "\\":
+            out.append(text[at:at + 2] if quote else ch)  # inside a string, the pair is kept as written
+            i = at + 2 if quote else i
+        elif ch in "\"'":
+            quote = ch if not quote else "" if ch == quote else quote
+            out.append(ch)
+        else:
+            out.append(_CONTROL_ESCAPES[ch] if quote else ch)
+    out.append(text[i:])
     return "".join(out)
 
 

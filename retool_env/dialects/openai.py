@@ -4,8 +4,10 @@
 
 The generation prompt ends with `<|start|>assistant`, so the model's text begins inside the first message's header.
 A turn is a sequence of messages (`analysis` reasoning, `commentary` calls, `final` answer); the content is the
-text of the final channel. Generation stops at `<|call|>` after a call, so a turn holds one call.
-vLLM: `--tool-call-parser openai`.
+text of the final channel and of commentary preambles, joined by newlines. Read as vLLM's `HarmonyParser` reads it:
+a bare recipient (`to=NAME`) is a function too, but not one of gpt-oss's built-in tools (`python`, `browser.*`,
+`container.*`); a message whose header never reaches `<|message|>` is kept as text. Generation stops at `<|call|>`
+after a call, so a turn holds one call. vLLM: `--tool-call-parser openai`.
 """
 
 from __future__ import annotations
@@ -18,13 +20,13 @@ from retool_env.dialects.base import MAX_CALLS, Dialect, FunctionCall, RawCall, 
 _ENDS = ("<|end|>", "<|call|>", "<|return|>")
 
 
-def _split_body(segment: str) -> tuple[str, str]:
-    """A message's header and body: the body runs from `<|message|>` to its end marker (or the end of the text)."""
-    header, marker, body = segment.partition("<|message|>")
-    if not marker:
-        return header, ""
-    cut = min((i for i in (body.find(end) for end in _ENDS) if i >= 0), default=len(body))
-    return header, body[:cut]
+_BUILTIN_TOOLS = frozenset(("python", "browser", "container"))  # vLLM's BUILTIN_TOOL_TO_MCP_SERVER_LABEL
+
+
+def _body(message: str) -> str:
+    """A message's body: from `<|message|>` to its end marker (or the end of the text)."""
+    cut = min((i for i in (message.find(end) for end in _ENDS) if i >= 0), default=len(message))
+    return message[:cut]
 
 
 def _recipient(header: str) -> str | None:
@@ -36,6 +38,16 @@ def _recipient(header: str) -> str | None:
     return rest[:stop]
 
 
+def _function(recipient: str) -> str | None:
+    """The function a recipient addresses, as vLLM's `is_function_recipient` reads it: `functions.NAME`, or a bare
+    `NAME` that is no built-in tool and not the assistant; None for any other recipient."""
+    if recipient.startswith("functions."):
+        return recipient.removeprefix("functions.") or None
+    if not recipient or recipient.startswith("<|") or recipient == "assistant":
+        return None
+    return None if recipient.split(".", 1)[0] in _BUILTIN_TOOLS else recipient
+
+
 class OpenAIHarmony(Dialect):
     name = "openai"
     end_tokens = ("<|return|>", "<|end|>")
@@ -43,25 +55,46 @@ class OpenAIHarmony(Dialect):
     multiple_calls = False
     think_tags = False  # reasoning is the analysis channel
 
+    def split_reasoning(self, text: str, opened: bool = False) -> tuple[str, str]:
+        """(reasoning, content): the analysis messages are the reasoning, as vLLM's `HarmonyParser` reads them; the
+        content is the rest of the turn, its markup kept, where calls and the final answer are read."""
+        if "<|channel|>analysis" not in text:
+            return "", text
+        reasoning, content = [], []
+        for index, segment in enumerate(text.split("<|start|>")):
+            header, marker, message = segment.partition("<|message|>")
+            if marker and "<|channel|>analysis" in header and _recipient(header) is None:
+                reasoning.append(_body(message))
+            else:
+                content.append(("<|start|>" if index else "") + segment)
+        return "\n".join(reasoning), "".join(content)
+
     def _scan(self, text: str) -> Scan:
         if "<|message|>" not in text:  # no harmony markup at all: plain text is the answer
             return Scan(content=[text])
-        scan = Scan()
-        for segment in text.split("<|start|>"):
+        scan, content = Scan(), []
+        for index, segment in enumerate(text.split("<|start|>")):
             if len(scan.calls) > MAX_CALLS:
                 break
-            header, body = _split_body(segment)
-            recipient = _recipient(header)
+            header, marker, message = segment.partition("<|message|>")
+            if not marker:  # a header cut off before `<|message|>`: its raw text, as vLLM recovers it
+                content.append(("<|start|>" if index else "") + segment if segment else "")
+                continue
+            body, recipient = _body(message), _recipient(header)
             if recipient is None:
                 if "<|channel|>final" in header or "<|channel|>commentary" in header:  # the answer, a preamble
-                    scan.content.append(body)
+                    content.append(body)
                 continue
-            if not recipient.startswith("functions."):
-                scan.calls.append(RawCall(recipient, error=f"the recipient {recipient!r} is not a function; address "
-                                                           f"a call to=functions.NAME"))
+            function = _function(recipient)
+            if function is None:
+                what = ("gpt-oss's built-in tool, not a function here" if recipient.split(".", 1)[0] in _BUILTIN_TOOLS
+                        else "not a function")
+                scan.calls.append(RawCall(recipient or None, error=f"the recipient {recipient!r} is {what}; address "
+                                                                   f"a call to=functions.NAME"))
                 continue
             arguments, error = arguments_object(body.strip() or "{}", "message")
-            scan.calls.append(RawCall(recipient.removeprefix("functions."), arguments, error))
+            scan.calls.append(RawCall(function, arguments, error))
+        scan.content.append("\n".join(part for part in content if part))  # vLLM joins the messages' texts
         return scan
 
     def call_text(self, calls: Sequence[FunctionCall]) -> str:

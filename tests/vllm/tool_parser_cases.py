@@ -114,7 +114,39 @@ EDGE_CASES: dict[str, list[str]] = {
         '[TOOL_CALLS][{"name": "search", "arguments": {"query": "ok"}}, {"junk": 1}]',  # a junk entry
         'Let me search.[TOOL_CALLS]search[ARGS]{"query": "q", "limit": 5}',
     ],
+    "lfm2": [
+        "<|tool_call_start|>[code_interpreter(code='print('hi')')]<|tool_call_end|>",  # raw quotes (LFM2.5's first)
+        "<|tool_call_start|>[code_interpreter(code='x = f('a', 'b')\nprint(x)')]<|tool_call_end|>",
+        "<|tool_call_start|>[search(query='sed -n '1,9p' f.py')]<|tool_call_end|>",
+        "<|tool_call_start|>[search(query=\"say \"hi\" now\", limit=3)]<|tool_call_end|>",
+        "<|tool_call_start|>[search(query='q', limit=07)]<|tool_call_end|>",  # a zero-padded integer
+        "<|tool_call_start|>[search(query='q', limit=007, scale=07.5, page=00)]<|tool_call_end|>",
+        "<|tool_call_start|>[search(query='it's', limit=08)]<|tool_call_end|>",  # both: the zeros sit in the string
+        "<|tool_call_start|>[search(query='1'2', exact='3')]<|tool_call_end|>",  # two closing quotes read
+        "<|tool_call_start|>[search(query='a'b'c', tags=['x', 'y'])]<|tool_call_end|>",
+        "<|tool_call_start|>[search(query='q', tags=['it's'])]<|tool_call_end|>",
+    ],
+    "openai": [
+        ' to=functions.search<|channel|>commentary json<|message|>{"query": "q", "limit": 3}<|call|>',
+        ' to=search<|channel|>commentary json<|message|>{"query": "bare recipient"}<|call|>',
+        '<|channel|>commentary to=functions.search <|constrain|>json<|message|>{"query": "q"}<|call|>',
+        ' to=python<|channel|>commentary code<|message|>print(6 * 7)<|call|>',  # gpt-oss's built-in tools
+        '<|channel|>commentary to=browser.search json<|message|>{"query": "q"}<|call|>',
+        ' to=container.exec<|channel|>commentary json<|message|>{"cmd": ["ls"]}<|call|>',
+        ' to=functions.<|channel|>commentary json<|message|>{}<|call|>',
+        ' to=assistant<|channel|>commentary json<|message|>{}<|call|>',
+        '<|channel|>analysis<|message|>Let me search.<|end|><|start|>assistant to=functions.search<|channel|>'
+        'commentary json<|message|>{"query": "after reasoning"}<|call|>',
+        '<|channel|>commentary<|message|>Preamble.<|end|><|start|>assistant to=functions.search<|channel|>'
+        'commentary json<|message|>{"query": "q"}<|call|>',
+        ' to=functions.search<|channel|>commentary json<|message|>{"query": "cut off',
+        ' to=functions.search<|channel|>commentary json<|message|>not json<|call|>',
+        '<|channel|>final<|message|>The answer is \\boxed{42}.<|return|>',
+        '<|channel|>analysis<|message|>6 * 7<|end|><|start|>assistant<|channel|>final The answer is 42.<|return|>',
+    ],
 }
+# Harmony turns whose content vLLM gives back, compared besides the calls (its end token aside).
+HARMONY_CONTENT = [text for text in EDGE_CASES["openai"] if "final" in text or "Preamble" in text]
 
 
 def turns(dialect: str, seed: int = 0, count: int = 200) -> list[str]:
