@@ -6,9 +6,12 @@ block parses."""
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
+import select
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -78,16 +81,67 @@ def test_the_extension_examples_need_only_public_names():
     assert private_imports("from retool_adapters.generators._common import TurnGenerator")  # the check can fail
 
 
+class BlockRunner:
+    """tests/block_zygote.py as a subprocess: each block runs in a child forked from it, as `python -c` would run it,
+    without importing torch and transformers again for every block."""
+
+    def __init__(self) -> None:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+        self.process = subprocess.Popen([sys.executable, str(ROOT / "tests" / "block_zygote.py")], env=env,
+                                        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.read(timeout=120) == {"ready": True}
+
+    def read(self, timeout: float) -> dict:
+        assert self.process.stdout is not None
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        line = self.process.stdout.readline() if ready else ""
+        if not line:
+            raise TimeoutError(f"no answer from the block runner in {timeout} s")
+        return json.loads(line)
+
+    def run(self, code: str, folder: Path, timeout: float) -> tuple[int, str, str]:
+        """(returncode, stdout, stderr) of the block run in `folder`."""
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps({"code": code, "folder": str(folder)}) + "\n")
+        self.process.stdin.flush()
+        pid = self.read(timeout=30)["pid"]
+        try:
+            returncode = self.read(timeout=timeout)["returncode"]
+        except TimeoutError:
+            os.kill(pid, signal.SIGKILL)
+            self.read(timeout=30)
+            raise
+        return returncode, (folder / "stdout.txt").read_text(), (folder / "stderr.txt").read_text()
+
+    def close(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
+@pytest.fixture(scope="module")
+def block_runner():
+    runner = BlockRunner()
+    yield runner
+    runner.close()
+
+
 @pytest.mark.parametrize("code", [code for _, code in PYTHON], ids=IDS)
-def test_python_block_runs(code, tmp_path):
+def test_python_block_runs(code, tmp_path, block_runner):
     compile(code, "README.md", "exec")  # a complete program: no top-level await, no syntax of a fragment
     if code.startswith("# Needs "):
         pytest.skip(code.splitlines()[0])
     (tmp_path / "tests").symlink_to(ROOT / "tests")  # the fixtures, by the pages' relative paths; outputs stay here
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=280)
-    assert out.returncode == 0, f"{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
+    returncode, stdout, stderr = block_runner.run(code, tmp_path, timeout=280)
+    assert returncode == 0, f"{stdout[-2000:]}\n{stderr[-4000:]}"
+
+
+def test_the_block_runner_runs_a_block_as_a_program(tmp_path, block_runner):
+    """Fresh globals as `__main__`, the project not imported for it, exit codes and output kept."""
+    code = ("import sys; assert __name__ == '__main__' and 'retool_env' not in sys.modules and sys.path[0] == ''\n"
+            "print('out'); print('err', file=sys.stderr); sys.exit(3)")
+    assert block_runner.run(code, tmp_path, timeout=60) == (3, "out\n", "err\n")
+    assert block_runner.run("gym.make", tmp_path, timeout=60)[0] == 1  # names a block never imported stay unknown
+    assert block_runner.run("raise ValueError('no')", tmp_path, timeout=60)[2].endswith("ValueError: no\n")
 
 
 def script_commands() -> list[list[str]]:
