@@ -264,7 +264,8 @@ def raw_exchange(port: int, data: bytes) -> bytes:
     return b"".join(chunks)
 
 
-def test_a_slow_client_is_cut_off(server):
+def test_a_slow_client_is_cut_off(served):
+    server = served.start(read_timeout=2.0, header_timeout=1.0)
     head = f"POST /run_code HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 100\r\n\r\n{{".encode()
     assert raw_exchange(server.port, head).startswith(b"HTTP/1.1 408")  # the body never comes
     assert raw_exchange(server.port, b"POST /run_code HTTP/1.1\r\nHost: x\r\n").startswith(b"HTTP/1.1 408")
