@@ -34,8 +34,8 @@ from typing import Any
 
 from . import cell, confine
 from .cgroups import CallGroup
+from .config import Config, needs_full
 from .protocol import pack, read_frame, recv_message, send_message
-from .start import Config, needs_full
 
 
 @dataclass
