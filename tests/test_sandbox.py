@@ -598,3 +598,16 @@ def test_statuses_are_one_str_enum():
     from retool_env.trajectory import ToolStatus as RecordStatus
 
     assert RecordStatus is ToolStatus  # one enum for the sandbox and the episode's records
+
+
+def test_the_server_takes_every_setting_the_client_decides_from_the_client():
+    """LocalSandbox's arguments are the one place its defaults live: the server's config fills in none of them, so
+    a setting the client leaves out fails loudly instead of running with a second default."""
+    from retool_env.sandbox.forkserver.config import Config
+
+    sent = LocalSandbox(memory_mb=300, max_sessions=5)._config
+    config = Config(**sent, listen_fd=3, lifeline_fd=4)
+    assert (config.memory_mb, config.max_sessions) == (300, 5)
+    for name in sent:
+        with pytest.raises(TypeError, match=name):
+            Config(**{k: v for k, v in sent.items() if k != name}, listen_fd=3, lifeline_fd=4)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .zygote import ZygoteConfig
 
@@ -45,10 +45,10 @@ class Config(ZygoteConfig):
 
     listen_fd: int
     lifeline_fd: int
+    max_concurrency: int
+    prefork: int
+    max_sessions: int
+    session_memory_mb: int  # what idle sessions may hold in all; 0: half the memory available at start
+    preload: list[str]
+    lean_zygote: bool  # a second zygote, without the preloads beyond the standard library
     uid_block_fd: int = -1  # held for life (and by the zygote): the lock on this server's uid block (uids.py)
-    max_concurrency: int = 2
-    prefork: int = 2
-    max_sessions: int = 64
-    session_memory_mb: int = 0  # what idle sessions may hold in all; 0: half the memory available at start
-    preload: list[str] = field(default_factory=lambda: list(PRELOAD))
-    lean_zygote: bool = True  # a second zygote, without the preloads beyond the standard library

@@ -81,19 +81,20 @@ def drain_free_chunks() -> int:
 
 @dataclass(kw_only=True)
 class ZygoteConfig:
-    """What every child is made with (the server's `Config` adds what only the server needs)."""
+    """What every child is made with (the server's `Config` adds what only the server needs). What the client
+    decides has no default here: `LocalSandbox`'s arguments are the one place its defaults are written."""
 
-    memory_mb: int = 1024
-    max_output_bytes: int = 16384
-    traceback_lines: int = 12
+    memory_mb: int
+    max_output_bytes: int
+    traceback_lines: int
+    tmp_mb: int
+    shm_mb: int
+    use_seccomp: bool
+    use_userns: bool
+    uid_per_call: bool
     file_size_mb: int = 64
     open_files: int = 64
-    tmp_mb: int = 256
-    shm_mb: int = 64
     processes: int = 1024
-    use_seccomp: bool = True
-    use_userns: bool = True
-    uid_per_call: bool = True
     uid_base: int = uids.FIRST_UID  # this server's block (uids.py): a uid per live call or session, the last for probes
     uid_count: int = uids.BLOCK_SIZE
     cgroup: dict[str, Any] | None = None  # Delegation fields
