@@ -18,10 +18,10 @@ from retool_env.chat import SAMPLE_MODES, Conversation, with_chat_template
 from retool_env.config import EnvConfig
 from retool_env.data import Problem, load_dataset_problems
 from retool_env.faults import episode_fault_key
-from retool_env.formats import ParsedAction, make_format, prompt_messages
+from retool_env.formats import ParsedAction, make_format
 from retool_env.grading import Grade, agrade
 from retool_env.internals.asyncio_loop import run_task
-from retool_env.prompts import get_prompt, render_prompt
+from retool_env.prompts import get_prompt, prompt_messages, render_prompt
 from retool_env.reasoning import THINK, graded_text
 from retool_env.rewards import EpisodeStats, get_reward_fn
 from retool_env.sandbox import Sandbox

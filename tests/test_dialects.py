@@ -299,6 +299,23 @@ def test_fuzzed_text_gives_calls_or_errors_never_an_exception(dialect, text):
         assert call.error is None or call.error.strip()
 
 
+@pytest.mark.parametrize("dialect", sorted(DIALECTS))
+def test_a_number_past_pythons_digit_limit_is_an_error_never_an_exception(dialect):
+    text = get_dialect(dialect).call_text([FunctionCall("code_interpreter", {"code": "x"})])
+    turn = get_dialect(dialect).parse(text.replace('"x"', "9" * 6000).replace("'x'", "9" * 6000), TOOLS)
+    assert all(call.ok or len(call.error) < 600 for call in turn.calls)
+
+
+@pytest.mark.parametrize("dialect", sorted(DIALECTS))
+def test_a_dialect_declares_the_markers_it_is_detected_by(dialect):
+    """Each dialect's module says what in a template shows its syntax (and registers it): a template holding only
+    one of those marker groups is detected as that dialect."""
+    groups = get_dialect(dialect).markers
+    assert groups
+    for group in groups:
+        assert detect_dialect(" ... ".join(group)) == dialect
+
+
 # --- Templates that do not render the tools: the system prompt carries them --------------------------------------
 
 @pytest.mark.parametrize("dialect", sorted(DIALECTS))

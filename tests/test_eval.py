@@ -339,12 +339,12 @@ class CallThenAnswer:
         self.prompts: list[str] = []
 
     async def generate(self, prompt_ids, *, max_tokens, stop_token_ids=(), stop=(), sampling=None):
-        from retool_env.formats import HermesFormat
+        from retool_env.formats import format_class
         from retool_env.rollout import Generation
 
         context = self.tokenizer.decode(list(prompt_ids))
         self.prompts.append(context)
-        text = "\\boxed{42}" if "<tool_response>" in context else HermesFormat.call_text("print(6 * 7)")
+        text = "\\boxed{42}" if "<tool_response>" in context else format_class("hermes").call_text("print(6 * 7)")
         ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.convert_tokens_to_ids(
             "<|im_end|>")]
         return Generation(ids[:max_tokens], None, "stop")

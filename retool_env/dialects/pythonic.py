@@ -128,6 +128,7 @@ def python_call_list(calls: Sequence[FunctionCall]) -> str:
 
 class Pythonic(Dialect):
     name = "pythonic"
+    markers = (("<|python_start|>",),)
     end_tokens = ("<|eot|>", "<|eom|>", "<|eot_id|>", "<|eom_id|>")
     call_blocks = (("<|python_start|>", "<|python_end|>"), (CALL_LIST, bracket_end))
     whole_turn_call = ("[", "<|python_start|>")
@@ -142,3 +143,6 @@ class Pythonic(Dialect):
 
     def call_text(self, calls: Sequence[FunctionCall]) -> str:
         return python_call_list(calls)
+
+
+Pythonic.register()
