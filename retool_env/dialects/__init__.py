@@ -1,10 +1,11 @@
 """Tool-call dialects: how each model family writes tool calls, read back from a turn's text.
 
-One module per dialect, named as vLLM's `--tool-call-parser` names it (`atem` excepted: vLLM has none). Every
-dialect parses a turn into `ParsedCall`s typed by the tools' JSON Schemas (`Dialect.parse`), writes calls as its
-family's template renders them (`Dialect.call_text`), and says what stops a turn of calls (`stop_strings`).
-`detect_dialect` picks the dialect a chat template teaches; `tool_system_prompt` writes the tool schemas and the
-call format for templates that do not render `tools` themselves (`renders_tools`).
+One module per dialect, named as vLLM's `--tool-call-parser` names it (`atem` excepted: vLLM has none), which
+registers it (`Dialect.register`); importing this package imports them all. Every dialect parses a turn into
+`ParsedCall`s typed by the tools' JSON Schemas (`Dialect.parse`), writes calls as its family's template renders them
+(`Dialect.call_text`), and says what stops a turn of calls (`stop_strings`). `detect_dialect` picks the dialect a
+chat template teaches, by each dialect's `markers`; `tool_system_prompt` writes the tool schemas and the call format
+for templates that do not render `tools` themselves (`renders_tools`).
 
     >>> from retool_env.dialects import get_dialect
     >>> turn = get_dialect("qwen3_coder").parse("<tool_call>\\n<function=f>\\n<parameter=n>\\n7\\n</parameter>\\n"
