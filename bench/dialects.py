@@ -72,7 +72,8 @@ def main() -> None:
         assert dialect.parse(text, TOOLS).calls[0].arguments == {"code": CODE}, name
         typical = median_time(args.repeats, lambda d=dialect, t=text: d.parse(t, TOOLS))
         worst = max(median_time(1, lambda d=dialect, t=t: d.parse(t, TOOLS)) for t in hostile.values())
-        results["dialects"][name] = {"typical_ms": round(typical * 1e3, 4), "worst_hostile_1MB_ms": round(worst * 1e3, 1)}
+        results["dialects"][name] = {"typical_ms": round(typical * 1e3, 4),
+                                     "worst_hostile_1MB_ms": round(worst * 1e3, 1)}
         print(f"{name:14s} typical {typical * 1e3:7.4f} ms   worst hostile 1 MB {worst * 1e3:8.1f} ms")
     print(f"baseline (the hermes format's parse) {baseline * 1e3:.4f} ms; budget 0.4 ms")
     print(json.dumps(results))

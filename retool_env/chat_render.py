@@ -38,7 +38,7 @@ VERIFIED_RENDERS = 8
 """Renders of each (tokenizer, template, tools, options) checked against `apply_chat_template` before trusting the
 fast path alone: the first episode's prompt and tool turns (a few renders per process)."""
 
-_COPIES_LIMIT = 512  # template copies of messages kept per renderer (an episode's conversation)  # attribute decisions remembered per template (names come from the template's source)
+_COPIES_LIMIT = 512  # template copies of messages kept per renderer (an episode's conversation)
 
 # tokenizer -> {(template, tools, options): renders found equal so far, or -1 when the fast path is off}
 _checks: weakref.WeakKeyDictionary[Any, dict[tuple[str, str, str], int]] = weakref.WeakKeyDictionary()

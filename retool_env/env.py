@@ -132,8 +132,8 @@ class ToolEnvironment(gym.Env):
     `reward_kwargs`, the budgets above, `tool_timeout` (seconds per call), `error_format` (what a failed call
     shows: full, last_line, head_tail:N), `on_timeout` (feedback or abort), `stateful` (variables persist between an
     episode's calls), `chat_template` and `sample_mode` (above): the fields of `retool_env.config.EnvConfig`, which
-    declares their defaults, so `ToolEnvironment(tokenizer, dataset, **config)` takes an EnvConfig. Besides: `render_mode` ("ansi"),
-    `vocab_size` (defaults to the tokenizer's length).
+    declares their defaults, so `ToolEnvironment(tokenizer, dataset, **config)` takes an EnvConfig. Besides:
+    `render_mode` ("ansi"), `vocab_size` (defaults to the tokenizer's length).
 
     ## Version History
     * v0: initial version.

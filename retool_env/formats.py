@@ -131,7 +131,8 @@ class ParsedAction:
 
 class ToolFormat(ABC):
     """Parses actions and renders observations for one tool-calling convention and tokenizer, and writes the text a
-    model produces in it (`call_text`, `answer_text`, `model_turns`; these need no tokenizer: call them on the class)."""
+    model produces in it (`call_text`, `answer_text`, `model_turns`; these need no tokenizer: call them on the
+    class)."""
 
     name: str
     default_prompt: str
@@ -139,7 +140,7 @@ class ToolFormat(ABC):
     call_ends_turn: bool  # the model ends its turn after a tool call (else generation stops at a stop string)
     tool_turns: bool  # results are chat turns the template renders (`tool_messages`), else inline in the model's turn
     calls_in_reasoning: bool = False  # calls are read inside a think block too (else only from the content after it)
-    call_blocks: CallBlocks = ()  # the call blocks inside which a `</think>` is the call's text (`retool_env.reasoning`)
+    call_blocks: CallBlocks = ()  # the blocks inside which a `</think>` is the call's text (`retool_env.reasoning`)
     turn_end_id: int | None = None  # the template's end-of-turn token, inserted when a call turn ends otherwise
     turn_end: str | None = None  # its text, for formats whose results are chat turns (`tool_turns`)
     system_prompt: str | None = None  # tool schemas and call format, for a template that does not render `tools`
@@ -180,7 +181,8 @@ class ToolFormat(ABC):
                 and action_ids[-1] != self.turn_end_id and not parsed.closing_ids):
             # e.g. <|endoftext|> after a call: the template's turn end follows it, so the tool turn renders in place
             parsed = parsed.replace(closing_ids=(self.turn_end_id,))
-        return parsed.replace(text=text, content=content, thinking=self._still_thinking(text, reasoning_open, reasoning))
+        return parsed.replace(text=text, content=content,
+                              thinking=self._still_thinking(text, reasoning_open, reasoning))
 
     def split_reasoning(self, text: str, opened: bool = False) -> tuple[str, str]:
         """(reasoning, content) of a turn: the reasoning ends at the model's own `</think>` outside any tool call."""
@@ -221,8 +223,9 @@ class ToolFormat(ABC):
     @classmethod
     def model_turns(cls, segments: Iterable[Any], end_of_turn: str) -> list[str]:
         """The text of each model turn of a worked solution (segments with a `kind` and `content`, as
-        `retool_env.data.sft.Segment`), split after every tool call; interpreter segments are the environment's part. A turn that calls the tool ends as the format's generation stops there; the last
-        one, the answer, with `end_of_turn`."""
+        `retool_env.data.sft.Segment`), split after every tool call; interpreter segments are the environment's
+        part. A turn that calls the tool ends as the format's generation stops there; the last one, the answer,
+        with `end_of_turn`."""
         turns: list[str] = []
         text: list[str] = []
         for segment in segments:

@@ -30,7 +30,7 @@ The last part of your response should be in the following format:
 Remember to place the final answer in the last part using the format: 
 <answer>
 \\boxed{'The final answer goes here.'}
-</answer>"""  # noqa: W291 (the paper's template has trailing spaces)
+</answer>"""  # noqa: W291, E501 (the paper's template verbatim: trailing spaces, a long first line)
 
 # DAPO-Math-17k's instruction wrapper (its `prompt` column), as the verl recipe sends it.
 DAPO_USER = (

@@ -77,7 +77,8 @@ def scripted_call(env: ToolEnvironment, code: str) -> tuple[dict, list[int]]:
     call = FunctionCall("code_interpreter", {"code": code})
     think = "<think>\nLet me compute.\n</think>\n\n"
     if fmt.shape is None:  # the template drops tool_calls: the model's text is the content
-        variants = [{"role": "assistant", "content": text} for text in (fmt.call_text(code), think + fmt.call_text(code))]
+        variants = [{"role": "assistant", "content": text}
+                    for text in (fmt.call_text(code), think + fmt.call_text(code))]
     else:
         message = fmt.dialect.tool_call_message(fmt.shape.content, [call],
                                                 arguments_as_string=fmt.shape.arguments_as_string)

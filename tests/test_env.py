@@ -281,7 +281,8 @@ def test_malformed_calls_become_observations(tiny_tok, text, needle):
 def test_raw_newlines_in_json_are_repaired_and_fences_stripped(tiny_tok):
     env = make_env(tiny_tok)
     env.reset(options={"index": 1})
-    raw = '<tool_call>\n{"name": "code_interpreter", "arguments": {"code": "```python\nx = 6\nprint(x * 7)\n```"}}\n</tool_call>'
+    raw = ('<tool_call>\n{"name": "code_interpreter", "arguments": {"code": "```python\nx = 6\nprint(x * 7)\n```"}}'
+           '\n</tool_call>')
     obs, *_, info = env.step(ids(tiny_tok, raw))
     assert info["tool_results"][0]["status"] == "ok" and "42" in info["tool_results"][0]["output"]
 

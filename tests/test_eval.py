@@ -434,7 +434,8 @@ def test_several_benchmarks_in_one_run_and_levels_only_where_a_benchmark_has_the
     from retool_adapters import eval_cli
 
     fixtures = ROOT / "tests" / "fixtures" / "data"
-    _, data, _, _ = eval_cli.parse_args(["--dataset", f"{fixtures / 'matharena' / 'aime_2026'},{fixtures / 'amo_bench'}",
+    _, data, _, _ = eval_cli.parse_args(["--dataset",
+                                         f"{fixtures / 'matharena' / 'aime_2026'},{fixtures / 'amo_bench'}",
                                          "--levels", "number", "set", "variable", "--limit", "2"])
     benchmarks = eval_cli.load_benchmarks(data)
     assert list(benchmarks) == ["aime_2026", "amo_bench"]

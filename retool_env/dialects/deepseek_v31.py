@@ -1,6 +1,9 @@
 """deepseek_v31: DeepSeek-V3.1 and later, `NAME<｜tool▁sep｜>{json}` inside the same tool-calls section as V3.
 
-    <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>code_interpreter<｜tool▁sep｜>{"code": "print(6 * 7)"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>
+    <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>code_interpreter<｜tool▁sep｜>{"code": "print(6 * 7)"}
+    <｜tool▁call▁end｜><｜tool▁calls▁end｜>
+
+(one line, wrapped here).
 
 vLLM: `--tool-call-parser deepseek_v31`.
 """

@@ -1,6 +1,9 @@
 """kimi_k2: Kimi K2, calls with an id `functions.NAME:INDEX` inside a tool-calls section.
 
-    <|tool_calls_section_begin|><|tool_call_begin|>functions.code_interpreter:0<|tool_call_argument_begin|>{"code": "print(6 * 7)"}<|tool_call_end|><|tool_calls_section_end|>
+    <|tool_calls_section_begin|><|tool_call_begin|>functions.code_interpreter:0<|tool_call_argument_begin|>
+    {"code": "print(6 * 7)"}<|tool_call_end|><|tool_calls_section_end|>
+
+(one line, wrapped here).
 
 vLLM: `--tool-call-parser kimi_k2`.
 """
@@ -59,7 +62,8 @@ class KimiK2(Dialect):
 
     def call_text(self, calls: Sequence[FunctionCall]) -> str:
         body = "".join(f"{CALL_BEGIN}functions.{call.name}:{index}{ARGUMENTS}"
-                       f"{json.dumps(call.arguments, ensure_ascii=False)}{CALL_END}" for index, call in enumerate(calls))
+                       f"{json.dumps(call.arguments, ensure_ascii=False)}{CALL_END}"
+                       for index, call in enumerate(calls))
         return f"{SECTION_BEGIN}{body}{SECTION_END}"
 
 

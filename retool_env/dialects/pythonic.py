@@ -121,7 +121,8 @@ CALL_LIST = re.compile(r"\[[ \t\r\n]*[A-Za-z_][A-Za-z0-9_.\-]*\(")  # `[name(`: 
 
 def python_call_list(calls: Sequence[FunctionCall]) -> str:
     """Calls as a Python list with JSON values (what LFM2's later templates render, valid Python for strings)."""
-    written = (f"{call.name}({', '.join(f'{k}={json.dumps(v, ensure_ascii=False)}' for k, v in call.arguments.items())})"
+    written = (f"{call.name}("
+               f"{', '.join(f'{k}={json.dumps(v, ensure_ascii=False)}' for k, v in call.arguments.items())})"
                for call in calls)
     return "[" + ", ".join(written) + "]"
 

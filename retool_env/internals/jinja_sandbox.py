@@ -23,9 +23,9 @@ _MEMO_LIMIT = 4096  # attribute decisions remembered per template (names come fr
 
 
 def remembering_overlay(template: str, compiled: Any, frozen_json: dict[int, tuple[Any, dict[Any, str]]]) -> Any:
-    """`template`, compiled by transformers as `compiled`, recompiled in an overlay of its sandbox that decides alike, faster (see the module docstring);
-    `compiled` itself when its sandbox is not jinja's immutable one. `frozen_json`: id -> (a frozen tool list, its
-    `tojson` texts by options), written once each."""
+    """`template`, compiled by transformers as `compiled`, recompiled in an overlay of its sandbox that decides
+    alike, faster (see the module docstring); `compiled` itself when its sandbox is not jinja's immutable one.
+    `frozen_json`: id -> (a frozen tool list, its `tojson` texts by options), written once each."""
     import jinja2.utils
     from jinja2.runtime import Macro
     from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment

@@ -41,8 +41,9 @@ def warm_up(preload: list[str]) -> None:
         import sympy
 
         x, y = sympy.symbols("x y")
-        sympy.factor(x**4 - 1), sympy.solve([x + y - 3, x - y - 1], [x, y]), sympy.simplify(sympy.sin(x) ** 2 + sympy.cos(x) ** 2)
-        sympy.expand((x + 1) ** 5), sympy.Rational(3, 4) + 1, sympy.isprime(97), sympy.factorint(360), sympy.N(sympy.pi, 30)
+        sympy.factor(x**4 - 1), sympy.solve([x + y - 3, x - y - 1], [x, y])
+        sympy.simplify(sympy.sin(x) ** 2 + sympy.cos(x) ** 2), sympy.expand((x + 1) ** 5), sympy.Rational(3, 4) + 1
+        sympy.isprime(97), sympy.factorint(360), sympy.N(sympy.pi, 30)
         sympy.nsimplify(0.5), sympy.sqrt(8), sympy.binomial(10, 3), sympy.diff(x**3, x), sympy.integrate(x**2, x)
         sympy.Matrix([[1, 2], [3, 4]]).det(), sympy.summation(x, (x, 1, 10)), sympy.limit(1 / x, x, sympy.oo)
         str(sympy.latex(x**2 / 3)), sympy.gcd(12, 18), sympy.divisors(12), sympy.totient(10), sympy.primerange(1, 20)
@@ -66,7 +67,8 @@ def _third_party() -> frozenset[str]:
     one or two letters (pytest's `py`), which name variables and file suffixes far more often."""
     import pkgutil
 
-    return frozenset(m.name for m in pkgutil.iter_modules() if m.name not in sys.stdlib_module_names and len(m.name) > 2)
+    return frozenset(m.name for m in pkgutil.iter_modules()
+                     if m.name not in sys.stdlib_module_names and len(m.name) > 2)
 
 
 def _start_zygote(config: ZygoteConfig, close: list[int]) -> tuple[socket.socket, int]:
