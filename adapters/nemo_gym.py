@@ -101,7 +101,8 @@ class ReToolResourcesServerConfig(BaseResourcesServerConfig):
         except TypeError as exc:
             raise ValueError(f"env takes EnvConfig's fields: {exc}") from exc
         if env.get("on_timeout", "feedback") != "feedback":
-            raise ValueError("NeMo-Gym's agent runs the tool loop and cannot end an episode at a tool timeout; keep on_timeout='feedback'")
+            raise ValueError("NeMo-Gym's agent runs the tool loop and cannot end an episode at a tool timeout; "
+                             "keep on_timeout='feedback'")
         return env
 
     @property

@@ -240,7 +240,8 @@ def main(argv: list[str] | None = None) -> None:
 
     tokenizer, problems = load_tokenizer(args.tokenizer), load_dataset_problems(args.dataset)
     config = EnvConfig.from_settings(args)
-    app = create_app(lambda: ToolEnvironment(tokenizer, problems, **config), max_concurrent_envs=args.max_concurrent_envs)
+    app = create_app(lambda: ToolEnvironment(tokenizer, problems, **config),
+                     max_concurrent_envs=args.max_concurrent_envs)
     uvicorn.run(app, host=args.host, port=args.port)
 
 

@@ -71,7 +71,8 @@ class ScriptParser(TrlParser):
             self.error("--config needs a YAML file")
         config = Path(args[args.index("--config") + 1])
         if not config.is_file():
-            default = " (the default config: install the repository with pip install -e)" * (config == self.default_config)
+            default = (" (the default config: install the repository with pip install -e)"
+                       * (config == self.default_config))
             self.error(f"--config {config}: no such file{default}")
         return self._parse(args, config, **kwargs)
 
@@ -181,7 +182,8 @@ def load_tokenizer(name: str, **kwargs: Any):
         where = ("the Hub cannot be reached, so only the local cache was searched" if constants.HF_HUB_OFFLINE
                  else "nor on the Hub")
         raise UsageError(f"cannot load the tokenizer of {name!r}: not a local folder, not in the Hub cache ({where}); "
-                         f"pass a local folder, or fetch it first on a machine with access: hf download {name}") from exc
+                         f"pass a local folder, or fetch it first on a machine with access: hf download {name}"
+                         ) from exc
 
 
 def load_policy(model_args: Any, training_args: Any) -> Any:

@@ -197,7 +197,8 @@ class VLLMRouterGenerator(_EngineClient):
         generation = parse_vllm_choice(choice)
         meta = {"finish_reason": {"type": generation.finish_reason}}
         if usage:
-            meta.update(prompt_tokens=usage.get("prompt_tokens", 0), completion_tokens=usage.get("completion_tokens", 0),
+            meta.update(prompt_tokens=usage.get("prompt_tokens", 0),
+                        completion_tokens=usage.get("completion_tokens", 0),
                         cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0))
         return generation, meta
 

@@ -102,7 +102,8 @@ class ReToolTasksetConfig(vf.TasksetConfig):
         except TypeError as exc:
             raise ValueError(f"env takes EnvConfig's fields: {exc}") from exc
         if env.get("on_timeout", "feedback") != "feedback":
-            raise ValueError("verifiers' harness runs each call as its own tool turn and cannot end an episode at a tool timeout; keep on_timeout='feedback'")
+            raise ValueError("verifiers' harness runs each call as its own tool turn and cannot end an episode at a "
+                             "tool timeout; keep on_timeout='feedback'")
         return env
 
 

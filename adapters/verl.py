@@ -173,7 +173,8 @@ def reward_extra_info(traj: Trajectory, verl_text: str | None = None) -> dict[st
     """What verl's reward managers return beside the score, for its metrics (`acc` is the accuracy verl's
     validation reports as `val-core`). `verl_strict_acc` is verl's `math_dapo` strict box verdict on `verl_text`,
     the whole response decoded as verl's reward manager decodes it, where the environment grades the answer turn."""
-    info = {"acc": float(bool(traj.correct)), "score": float(traj.reward or 0.0), "num_tool_calls": float(traj.num_tool_calls),
+    info = {"acc": float(bool(traj.correct)), "score": float(traj.reward or 0.0),
+            "num_tool_calls": float(traj.num_tool_calls),
             "retool/void_turn_ratio": float(has_void_turn(traj)), "retool/roc_penalty": roc_penalty(traj)}
     if verl_text is not None:
         info["verl_strict_acc"] = float(strict_box_correct(verl_text, traj.gold))

@@ -1,9 +1,10 @@
 """Where a step's time goes: timers around the pieces of `ToolEnvironment.step`, in process, per dialect.
 
 The environments and actions of `env_step.py --dialects` (100-token actions, the instant sandbox), each step right
-after a reset, as the bench times it (the wrappers add about a microsecond per piece). Each piece is timed by wrapping the method that does it
-(`perf_counter_ns`); a piece's median is over every step, and nested pieces are inside their parents (the render
-is inside the tool turn's observation). `--cprofile` prints cProfile's top functions for one dialect instead.
+after a reset, as the bench times it (the wrappers add about a microsecond per piece). Each piece is timed by
+wrapping the method that does it (`perf_counter_ns`); a piece's median is over every step, and nested pieces are
+inside their parents (the render is inside the tool turn's observation). `--cprofile` prints cProfile's top
+functions for one dialect instead.
 
     python bench/env_step_profile.py [--steps 300] [--dialects hermes,qwen3_coder] [--cprofile qwen3_coder]
 """

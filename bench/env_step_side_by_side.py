@@ -88,9 +88,11 @@ def main() -> None:
             gen = tokens[(dialect, kind)] / 5000 * 1e6
             rows.append({"dialect": dialect, "turn": kind, "tokens": tokens[(dialect, kind)],
                          "baseline_us": round(base, 1), "this_us": round(this, 1), "vllm_generate_us": round(gen),
-                         "baseline_share_pct": round(100 * base / gen, 2), "this_share_pct": round(100 * this / gen, 2)})
+                         "baseline_share_pct": round(100 * base / gen, 2),
+                         "this_share_pct": round(100 * this / gen, 2)})
             r = rows[-1]
-            print(f"{dialect:<12} {kind:<13} {r['tokens']:>4} baseline {base:8.0f} us ({r['baseline_share_pct']:.1f}%)  "
+            print(f"{dialect:<12} {kind:<13} {r['tokens']:>4} baseline {base:8.0f} us "
+                  f"({r['baseline_share_pct']:.1f}%)  "
                   f"this {this:8.0f} us ({r['this_share_pct']:.1f}%)", flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     baseline = subprocess.run(["git", "-C", args.baseline, "rev-parse", "--short", "HEAD"], capture_output=True,

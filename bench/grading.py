@@ -226,7 +226,8 @@ def main() -> None:
         print(f"whole responses, {name}: {r['right']}/{r['cases']} right, {r['false_positives']} false positives")
     if fuzz:
         print(f"fuzz: {fuzz['cases']} cases in {fuzz['seconds']:.1f} s, {fuzz['exceptions']} exceptions, "
-              f"{fuzz['timeouts']} timeouts, {fuzz['hangs']} hangs (> {HANG_S:.0f} s), p99 call {fuzz['p99_call_s']:.3f} s, "
+              f"{fuzz['timeouts']} timeouts, {fuzz['hangs']} hangs (> {HANG_S:.0f} s), "
+              f"p99 call {fuzz['p99_call_s']:.3f} s, "
               f"slowest {fuzz['max_call_s']:.2f} s")
     print(f"grading_stats: {grading_stats()}")
 

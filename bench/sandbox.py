@@ -65,7 +65,8 @@ import json, os, sys, time, types
 for name, path in (("retool_env", sys.argv[5]), ("retool_env.sandbox", sys.argv[6])):
     module = types.ModuleType(name); module.__path__ = [path]; sys.modules[name] = module
 from retool_env.sandbox.forkserver import isolation  # as the server imports it first
-from retool_env.sandbox.forkserver.start import PRELOAD, lean_preload, warm_up
+from retool_env.sandbox.forkserver.config import PRELOAD, lean_preload
+from retool_env.sandbox.forkserver.start import warm_up
 # The same imports, warm-up and gc.freeze() as the zygote (start.main): the lean one's, then the rest for the full.
 warm_up(lean_preload(PRELOAD))
 if sys.argv[4] == "full":

@@ -81,7 +81,8 @@ def overhead(calls: int) -> dict:
 
     def quantiles(values: list[float]) -> dict:
         ordered = sorted(values)
-        return {"p50_ms": ordered[len(ordered) // 2], "p99_ms": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]}
+        return {"p50_ms": ordered[len(ordered) // 2],
+                "p99_ms": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]}
 
     return {"calls": calls, "local": quantiles([a for a, _ in pairs]), "ray": quantiles([b for _, b in pairs]),
             "difference": quantiles([b - a for a, b in pairs])}

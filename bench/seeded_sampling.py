@@ -67,7 +67,8 @@ def main() -> None:
             accuracy[name].append(metrics[f"mean@{args.samples}"])
             tokens[name].append(metrics["mean_completion_tokens"])
     result = {
-        "command": " ".join(sys.argv), "machine": f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}",
+        "command": " ".join(sys.argv),
+        "machine": f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}",
         "episodes": len(problems) * args.samples, "concurrency": args.concurrency, "pad_multiple": args.pad_multiple,
         "seconds": timings, "accuracy": accuracy, "mean_completion_tokens": tokens,
         "median_seconds": {k: statistics.median(v) for k, v in timings.items()},

@@ -1,11 +1,12 @@
 """Chat templates: which one renders an episode, and what the model sees after each tool call.
 
 The model's tokens are appended verbatim; only what the template adds after them is tokenized, and the tool results
-in it as untrusted text (`retool_env.tokens.encode_text`): interpreter output never becomes a special token. Some templates
-rewrite earlier turns once more messages follow (Qwen3 drops an empty `<think></think>` block from a turn that is no
-longer the last; DeepSeek-R1-Distill strips reasoning from history). `Conversation` renders the real conversation
-after every tool call and tells the two cases apart: the new context either extends the old one (append-only: one
-training sample goes on) or it does not (the template rewrote history: the next generation sees a new context).
+in it as untrusted text (`retool_env.tokens.encode_text`): interpreter output never becomes a special token. Some
+templates rewrite earlier turns once more messages follow (Qwen3 drops an empty `<think></think>` block from a turn
+that is no longer the last; DeepSeek-R1-Distill strips reasoning from history). `Conversation` renders the real
+conversation after every tool call and tells the two cases apart: the new context either extends the old one
+(append-only: one training sample goes on) or it does not (the template rewrote history: the next generation sees a
+new context).
 
 `retool_env` never imports TRL: a template name is looked up among the templates shipped here, then among those in
 TRL's package folder, found without importing TRL. Picking TRL's prefix-preserving training version of a template

@@ -8,13 +8,9 @@ every `message.role` before reading the item). `ChatRenderer` renders transforme
 same inputs, prepared the same way: a message of plain JSON data by a copy without its `None` values (what
 transformers' converters make of it), any other message by those converters themselves; the tools and the template
 variables (special tokens, `chat_template_kwargs`) once, when a renderer first renders. It renders in an overlay of
-transformers' sandbox that decides alike, faster: attribute checks remembered per (type, name), the only things jinja's
-immutable sandbox decides them on, and an attribute once found safe on a type read on that decision (the sandbox's own
-steps after its check); the items of a plain `dict` read without the failed attribute lookup first (as the
-sandbox does after it); builtin methods (`content.startswith`) and the template's own macros called as jinja's
-`Context.call` calls them; the tools' `tojson` written once for the one frozen copy of each tool list (no template
-can change it: the sandbox is immutable). Same decisions, same text. A renderer whose owner never changes a message once given (`Conversation`,
-`messages_frozen`) copies each message for the template once.
+transformers' sandbox that decides alike, faster (`retool_env.internals.jinja_sandbox`: attribute checks remembered,
+the tools' `tojson` written once for the one frozen copy of each tool list). A renderer whose owner never changes a
+message once given (`Conversation`, `messages_frozen`) copies each message for the template once.
 
 The fast path is taken only for a Hugging Face tokenizer whose `apply_chat_template` is transformers' own, with a
 transformers that has the converters used here (5.20 and later). The first renders of each (tokenizer, template,
@@ -31,9 +27,9 @@ import sys
 import warnings
 import weakref
 from dataclasses import dataclass
-from types import BuiltinMethodType, MethodType
 from typing import Any
 
+from retool_env.internals.jinja_sandbox import remembering_overlay
 from retool_env.tokens import Tokenizer
 
 __all__ = ["ChatRenderer"]
@@ -42,10 +38,7 @@ VERIFIED_RENDERS = 8
 """Renders of each (tokenizer, template, tools, options) checked against `apply_chat_template` before trusting the
 fast path alone: the first episode's prompt and tool turns (a few renders per process)."""
 
-_FORMAT_METHODS = ("format", "format_map")  # the sandbox wraps these in its safe formatter
-_METHOD_TYPES = (MethodType, BuiltinMethodType)
-_MEMO_LIMIT = 4096
-_COPIES_LIMIT = 512  # template copies of messages kept per renderer (an episode's conversation)  # attribute decisions remembered per template (names come from the template's source)
+_COPIES_LIMIT = 512  # template copies of messages kept per renderer (an episode's conversation)
 
 # tokenizer -> {(template, tools, options): renders found equal so far, or -1 when the fast path is off}
 _checks: weakref.WeakKeyDictionary[Any, dict[tuple[str, str, str], int]] = weakref.WeakKeyDictionary()
@@ -94,109 +87,10 @@ def _apply_parameters() -> frozenset[str]:
 @functools.lru_cache(maxsize=64)
 def _fast_template(template: str) -> Any:
     """transformers' compiled template, recompiled in an overlay of its sandbox whose attribute checks are
-    remembered (see the module docstring); transformers' own when its sandbox is not jinja's immutable one."""
-    import jinja2.utils
-    from jinja2.runtime import Macro
-    from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment
-
-    pass_arg: Any = getattr(jinja2.utils, "_PassArg", None)  # without it, macros are called through the sandbox
-
+    remembered (see the module docstring and `retool_env.internals.jinja_sandbox`)."""
     parts = _transformers_parts()
     assert parts is not None, "only called when the fast path is available"
-    compiled = parts.compile(template)
-    base = compiled.environment
-    if type(base) is not ImmutableSandboxedEnvironment:
-        return compiled
-    env = base.overlay()
-    check = env.is_safe_attribute
-    decided: dict[tuple[type, str], bool] = {}
-
-    def is_safe_attribute(obj: Any, attr: str, value: Any) -> bool:
-        key = (type(obj), attr)
-        safe = decided.get(key)
-        if safe is None:
-            safe = check(obj, attr, value)
-            if len(decided) < _MEMO_LIMIT:
-                decided[key] = safe
-        return safe
-
-    sandbox_getattr, dict_names = env.getattr, frozenset(dir(dict))
-    wrap_str_format = getattr(env, "wrap_str_format", None)
-
-    def getattr_(obj: Any, attribute: str) -> Any:
-        kind = type(obj)
-        # A plain dict has no attribute but its class's: the sandbox's lookup fails, then reads the item.
-        if kind is dict and attribute not in dict_names:
-            try:
-                return obj[attribute]
-            except (TypeError, LookupError):
-                return env.undefined(obj=obj, name=attribute)
-        # An attribute the sandbox already found safe on this type (`loop.index0`, `ns.value`,
-        # `content.startswith`): the sandbox's own steps after its check, which it would decide alike.
-        if wrap_str_format is not None and decided.get((kind, attribute)) is True:
-            try:
-                value = getattr(obj, attribute)
-            except AttributeError:
-                try:
-                    return obj[attribute]
-                except (TypeError, LookupError):
-                    return env.undefined(obj=obj, name=attribute)
-            if type(value) in _METHOD_TYPES and value.__name__ in _FORMAT_METHODS:
-                fmt = wrap_str_format(value)
-                if fmt is not None:
-                    return fmt
-            return value
-        return sandbox_getattr(obj, attribute)
-
-    sandbox_call = env.call
-    macro_fast = (pass_arg is not None and pass_arg.from_obj(Macro.__call__) is pass_arg.eval_context
-                  and type(env).is_safe_callable is SandboxedEnvironment.is_safe_callable
-                  and not hasattr(Macro, "unsafe_callable") and not hasattr(Macro, "alters_data"))
-
-    def call(__context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
-        # A builtin method (`content.startswith`) passed the attribute checks to be reached, can carry no unsafe
-        # or pass-context mark, and is called as jinja's `Context.call` calls it; `str.format` and `format_map`
-        # always go through the sandbox (jinja before 3.1.5 gives them its safe formatter there, not at access).
-        # A template's own macro is safe to call and takes the eval context: `Context.call`'s steps for it.
-        kind = type(__obj)
-        if kind is BuiltinMethodType and __obj.__name__ not in _FORMAT_METHODS:
-            kwargs.pop("_block_vars", None)
-            kwargs.pop("_loop_vars", None)
-            try:
-                return __obj(*args, **kwargs)
-            except StopIteration:
-                return env.undefined("value was undefined because a callable raised a StopIteration exception")
-        if kind is Macro and macro_fast:
-            kwargs.pop("_block_vars", None)
-            kwargs.pop("_loop_vars", None)
-            try:
-                return __obj(__context.eval_ctx, *args, **kwargs)
-            except StopIteration:
-                return env.undefined("value was undefined because a callable raised a StopIteration exception")
-        return sandbox_call(__context, __obj, *args, **kwargs)
-
-    tojson: Any = env.filters.get("tojson")
-
-    def frozen_tojson(value: Any, *args: Any, **kwargs: Any) -> Any:
-        # The tools' JSON (`tools | tojson`, on every render) written once per options for the frozen copy.
-        texts = _frozen_json.get(id(value))
-        if texts is None or texts[0] is not value:
-            return tojson(value, *args, **kwargs)
-        key = (args, tuple(sorted(kwargs.items())))
-        try:
-            return texts[1][key]
-        except KeyError:
-            text = texts[1][key] = tojson(value, *args, **kwargs)
-            return text
-        except TypeError:  # unhashable options
-            return tojson(value, *args, **kwargs)
-
-    env.is_safe_attribute = is_safe_attribute  # type: ignore[method-assign]
-    env.getattr = getattr_  # type: ignore[method-assign]
-    env.call = call  # type: ignore[method-assign]
-    if callable(tojson):
-        env.filters = {**env.filters, "tojson": frozen_tojson}  # the overlay's own filters, transformers' untouched
-    return env.from_string(template)
+    return remembering_overlay(template, parts.compile(template), _frozen_json)
 
 
 # The plain copy of each tool list (by its repr), shared by every render: no template can change it (the sandbox

@@ -172,7 +172,8 @@ def _eval(eval_args: Sequence[str]) -> int:
 
 
 def _regrade(args: argparse.Namespace) -> int:
-    """Re-score stored episode records with a grader and report disagreements with the logged verdicts, answers and rewards."""
+    """Re-score stored episode records with a grader and report disagreements with the logged verdicts, answers
+    and rewards."""
     import json
 
     from retool_env.records import read_records, regrade
@@ -221,7 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "without every layer; none: start anyway (see `doctor`)")
     serve.add_argument("--unix-socket", default=None, help="listen on this unix socket (mode 0600), not host:port")
     serve.add_argument("--token-file", default=None,
-                       help="read the bearer token from this file (else $RETOOL_SANDBOX_TOKEN, else a new one, printed)")
+                       help="read the bearer token from this file (else $RETOOL_SANDBOX_TOKEN, else a new one, "
+                            "printed)")
     serve.add_argument("--no-auth", action="store_true",
                        help="accept calls without a token; only on a loopback host or a unix socket")
     serve.add_argument("--echo", action="store_true",
@@ -245,9 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     regrade = commands.add_parser(
         "regrade", formatter_class=defaults, help="re-score stored episode records and report disagreements",
-        description="Re-grade the episodes of a records file (ReToolRollout(records_path=...)) with a grader, recompute "
-                    "their rewards with the scheme each record names, and report where verdicts, rewards or (default, "
-                    "strict) extracted answers differ from the logged ones, with examples. With the grader training used, the rewards are reproduced exactly.")
+        description="Re-grade the episodes of a records file (ReToolRollout(records_path=...)) with a grader, "
+                    "recompute their rewards with the scheme each record names, and report where verdicts, rewards "
+                    "or (default, strict) extracted answers differ from the logged ones, with examples. With the "
+                    "grader training used, the rewards are reproduced exactly.")
     regrade.add_argument("records", help="a JSONL file of episode records")
     regrade.add_argument("--grader", choices=["default", "math_verify", "strict"], default="default",
                          help="default: the project's grader; math_verify: math-verify's own extraction and "

@@ -4,10 +4,11 @@ This module drives `ToolEnvironment`, so it sits above it (the environment never
 
 The ReTool paper cold-starts on code-integrated solutions whose interpreter blocks hold real execution output. Here a
 solution is a list of segments (text, code, final answer; see `retool_env.data.sft.Segment`); `model_turns` writes
-them as the text a model would generate in a tool format (the format's own `ToolFormat.model_turns`), and `replay` feeds each turn's token ids to
-`ToolEnvironment.step`. The environment runs the code in its sandbox, inserts the interpreter's answer (mask 0),
-grades the answer and returns the same `Trajectory` RL produces, so SFT tokens, masks and layout come from one code
-path. ReTool-SFT rows keep their recorded interpreter outputs: `RecordedSandbox` answers each call with the next one.
+them as the text a model would generate in a tool format (the format's own `ToolFormat.model_turns`), and `replay`
+feeds each turn's token ids to `ToolEnvironment.step`. The environment runs the code in its sandbox, inserts the
+interpreter's answer (mask 0), grades the answer and returns the same `Trajectory` RL produces, so SFT tokens, masks
+and layout come from one code path. ReTool-SFT rows keep their recorded interpreter outputs: `RecordedSandbox` answers
+each call with the next one.
 
 Procedural solutions (`arith_solutions`) cover every `retool_env.data.arith` level with three kinds, in configurable
 shares: tool-free ("text"), code ("code"), and code whose first attempt fails and is fixed after reading the error
@@ -91,7 +92,8 @@ class RecordedSandbox(Sandbox):
     async def _run(self, code: str, *, timeout: float, session: str | None, stdin: str | None,
                    memory_mb: int | None) -> ExecResult:
         if not self.outputs:
-            return ExecResult.failure(ToolStatus.SANDBOX_ERROR, "RecordedSandbox: no recorded output left for this call")
+            return ExecResult.failure(ToolStatus.SANDBOX_ERROR,
+                                      "RecordedSandbox: no recorded output left for this call")
         output = self.outputs.popleft()
         status = ToolStatus.ERROR if _ERROR_LINE.search(output) else ToolStatus.OK
         return ExecResult(status, stdout=output, exit_code=0)
@@ -338,7 +340,8 @@ _RECIPES = [
             "answer = pow($base, N, $mod)"),
     _recipe(r"What is the greatest common divisor of (?P<base>\d+)\^\{(?P<m>\d+)\} - 1 and (?P=base)\^\{(?P<n>\d+)\} "
             r"- 1\?", "Both numbers are huge but exact in Python; math.gcd handles them.",
-            "gcd($base^{$m} - 1, $base^{$n} - 1)", "import math\n\nanswer = math.gcd($base ** $m - 1, $base ** $n - 1)"),
+            "gcd($base^{$m} - 1, $base^{$n} - 1)",
+            "import math\n\nanswer = math.gcd($base ** $m - 1, $base ** $n - 1)"),
 ]
 
 # Bugs of the first attempt of a self-correcting solution, with what the model says after reading the error.

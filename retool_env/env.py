@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import itertools
 import warnings
@@ -19,9 +18,10 @@ from retool_env.chat import SAMPLE_MODES, Conversation, with_chat_template
 from retool_env.config import EnvConfig
 from retool_env.data import Problem, load_dataset_problems
 from retool_env.faults import episode_fault_key
-from retool_env.formats import ParsedAction, make_format, prompt_messages
+from retool_env.formats import ParsedAction, make_format
 from retool_env.grading import Grade, agrade
-from retool_env.prompts import get_prompt, render_prompt
+from retool_env.internals.asyncio_loop import run_task
+from retool_env.prompts import get_prompt, prompt_messages, render_prompt
 from retool_env.reasoning import THINK, graded_text
 from retool_env.rewards import EpisodeStats, get_reward_fn
 from retool_env.sandbox import Sandbox
@@ -132,8 +132,8 @@ class ToolEnvironment(gym.Env):
     `reward_kwargs`, the budgets above, `tool_timeout` (seconds per call), `error_format` (what a failed call
     shows: full, last_line, head_tail:N), `on_timeout` (feedback or abort), `stateful` (variables persist between an
     episode's calls), `chat_template` and `sample_mode` (above): the fields of `retool_env.config.EnvConfig`, which
-    declares their defaults, so `ToolEnvironment(tokenizer, dataset, **config)` takes an EnvConfig. Besides: `render_mode` ("ansi"),
-    `vocab_size` (defaults to the tokenizer's length).
+    declares their defaults, so `ToolEnvironment(tokenizer, dataset, **config)` takes an EnvConfig. Besides:
+    `render_mode` ("ansi"), `vocab_size` (defaults to the tokenizer's length).
 
     ## Version History
     * v0: initial version.
@@ -242,7 +242,7 @@ class ToolEnvironment(gym.Env):
         except RuntimeError:
             if self._loop is None or self._loop.is_closed():
                 self._loop = asyncio.new_event_loop()
-            return _run_task(self._loop, coro)
+            return run_task(self._loop, coro)
         coro.close()
         raise RuntimeError("step() was called inside a running event loop; use `await env.unwrapped.astep(...)`")
 
@@ -457,33 +457,6 @@ class ToolEnvironment(gym.Env):
         if self._loop is not None:
             self._loop.close()
         super().close()
-
-
-def _run_task(loop: asyncio.AbstractEventLoop, coro: Any) -> Any:
-    """`loop.run_until_complete(coro)`, without the loop's round trip when nothing is waited for.
-
-    The coroutine runs as a task, as `run_until_complete` runs it (`asyncio.current_task()`, timeouts and context
-    variables as there), but its first step is taken at once instead of after a poll of the selector; a step that
-    awaits something still pending (a real sandbox call, a thread) is finished by the loop. A final answer, an
-    invalid call or a sandbox that answers at once costs one task and no poll. Taken only on asyncio's own
-    selector loop with nothing else ready or due, where the task's first step is the one callback the loop would run.
-    """
-    ready, timers = getattr(loop, "_ready", None), getattr(loop, "_scheduled", None)
-    if (not isinstance(loop, asyncio.BaseEventLoop) or type(ready) is not collections.deque or ready
-            or type(timers) is not list or (timers and timers[0].when() <= loop.time())
-            or loop.is_running() or loop.get_debug() or loop.get_task_factory() is not None):
-        return loop.run_until_complete(coro)
-    task = loop.create_task(coro)
-    if len(ready) == 1:
-        handle = ready.popleft()  # the task's first step, which the loop would run after polling its selector
-        asyncio.events._set_running_loop(loop)
-        try:
-            handle._run()
-        finally:
-            asyncio.events._set_running_loop(None)
-        if task.done():
-            return task.result()
-    return loop.run_until_complete(task)
 
 
 def make_env_factory(**kwargs: Any) -> Callable[[], ToolEnvironment]:

@@ -463,7 +463,8 @@ def arm_difference(tool: dict[str, Any], no_tool: dict[str, Any]) -> dict[str, A
     n = tool["n_samples"]
     diffs = [a - b for a, b in zip(tool["per_problem_accuracy"], no_tool["per_problem_accuracy"], strict=True)]
     return {f"mean@{n}": tool[f"mean@{n}"] - no_tool[f"mean@{n}"], f"mean@{n}_ci95": bootstrap_ci(diffs),
-            "problems_better_with_tool": sum(d > 0 for d in diffs), "problems_better_without_tool": sum(d < 0 for d in diffs)}
+            "problems_better_with_tool": sum(d > 0 for d in diffs),
+            "problems_better_without_tool": sum(d < 0 for d in diffs)}
 
 
 async def aevaluate_arms(benchmarks: dict[str, Sequence[Any]], generator: Any, tokenizer: Any, *,

@@ -164,7 +164,8 @@ class TrajectoryFilters:
                     for i in scored:
                         filters[i].append("roc_equal_reward")
                     continue
-                kept = roc_select([float(rewards[i] or 0.0) for i in scored], [bool(trajectories[i].correct) for i in scored],
+                kept = roc_select([float(rewards[i] or 0.0) for i in scored],
+                                  [bool(trajectories[i].correct) for i in scored],
                                   [roc_penalty(trajectories[i]) for i in scored], self.roc_down_sample, rng)
                 for position, i in enumerate(scored):
                     if position not in kept:

@@ -1,29 +1,23 @@
-"""Tool-call formats: how an action's tool calls are parsed and how the interpreter's answer is rendered as tokens.
-
-`hermes` is Qwen2.5/Qwen3-style tool calling: `<tool_call>{json}</tool_call>` blocks in an assistant turn, results as
-`tool` messages rendered by the tokenizer's own chat template. `retool` is the ReTool paper's format: code in
-`<code>```python ...```</code>` (generation stops at `</code>`), the result inline as `<interpreter>...</interpreter>`
-inside the same assistant turn, the final answer in `<answer>\\boxed{...}</answer>`.
+"""Tool-call formats: the contract (`ToolFormat`), the chat dialects' one format (`DialectFormat`), and the paper's.
 
 A format owns both directions. Reading: it never re-tokenizes the model's action; it parses the decoded text, then
 produces only the tokens the environment appends (a closing token the model did not emit, and the observation), all
 with mask 0. Writing: `call_text`, `answer_text` and `model_turns` give the text a model writes in the format, which
 cold-start data replays through the environment and adapters hand to their frameworks.
 
-A new format (a tool-call dialect) subclasses `ToolFormat` and implements `_parse_text` (the turn's content after
-its reasoning, see `retool_env.reasoning`, to a `ParsedAction`), `observation_ids` and `call_text`; for results as
-chat turns it subclasses `ChatTurnsFormat` (the tool, the template's render) and sets `tool_messages` and
-`turn_end`/`turn_end_id`. Every parser here reads hostile
-text: linear time (`str.find` scans, no backtracking pattern over the whole turn), bounded nesting, and a malformed
-call becomes a `ToolCall` whose `error` tells the model what was wrong. Observations encode interpreter output with
-`retool_env.tokens.encode_text`, so it never becomes a special token.
+Every chat dialect (hermes `<tool_call>` JSON, Qwen3.5+ XML, gpt-oss harmony, ...: `retool_env.dialects`, where a new
+one goes) is read through `DialectFormat`, its results `tool` turns the tokenizer's chat template renders. `retool`
+is the ReTool paper's format: code in `<code>```python ...```</code>` (generation stops at `</code>`), the result
+inline as `<interpreter>...</interpreter>` in the same assistant turn, the answer in `<answer>\\boxed{...}</answer>`.
+A format unlike both subclasses `ToolFormat` (`_parse_text`, `observation_ids`, `call_text`). Parsers read hostile
+text in linear time, and a malformed call becomes a `ToolCall` whose `error` tells the model what was wrong.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import logging
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -35,6 +29,7 @@ from retool_env.dialects import (
     DIALECTS,
     Dialect,
     FunctionCall,
+    ParsedCall,
     detect_dialect,
     get_dialect,
     renders_tools,
@@ -136,7 +131,8 @@ class ParsedAction:
 
 class ToolFormat(ABC):
     """Parses actions and renders observations for one tool-calling convention and tokenizer, and writes the text a
-    model produces in it (`call_text`, `answer_text`, `model_turns`; these need no tokenizer: call them on the class)."""
+    model produces in it (`call_text`, `answer_text`, `model_turns`; these need no tokenizer: call them on the
+    class)."""
 
     name: str
     default_prompt: str
@@ -144,7 +140,7 @@ class ToolFormat(ABC):
     call_ends_turn: bool  # the model ends its turn after a tool call (else generation stops at a stop string)
     tool_turns: bool  # results are chat turns the template renders (`tool_messages`), else inline in the model's turn
     calls_in_reasoning: bool = False  # calls are read inside a think block too (else only from the content after it)
-    call_blocks: CallBlocks = ()  # the call blocks inside which a `</think>` is the call's text (`retool_env.reasoning`)
+    call_blocks: CallBlocks = ()  # the blocks inside which a `</think>` is the call's text (`retool_env.reasoning`)
     turn_end_id: int | None = None  # the template's end-of-turn token, inserted when a call turn ends otherwise
     turn_end: str | None = None  # its text, for formats whose results are chat turns (`tool_turns`)
     system_prompt: str | None = None  # tool schemas and call format, for a template that does not render `tools`
@@ -185,7 +181,8 @@ class ToolFormat(ABC):
                 and action_ids[-1] != self.turn_end_id and not parsed.closing_ids):
             # e.g. <|endoftext|> after a call: the template's turn end follows it, so the tool turn renders in place
             parsed = parsed.replace(closing_ids=(self.turn_end_id,))
-        return parsed.replace(text=text, content=content, thinking=self._still_thinking(text, reasoning_open, reasoning))
+        return parsed.replace(text=text, content=content,
+                              thinking=self._still_thinking(text, reasoning_open, reasoning))
 
     def split_reasoning(self, text: str, opened: bool = False) -> tuple[str, str]:
         """(reasoning, content) of a turn: the reasoning ends at the model's own `</think>` outside any tool call."""
@@ -226,8 +223,9 @@ class ToolFormat(ABC):
     @classmethod
     def model_turns(cls, segments: Iterable[Any], end_of_turn: str) -> list[str]:
         """The text of each model turn of a worked solution (segments with a `kind` and `content`, as
-        `retool_env.data.sft.Segment`), split after every tool call; interpreter segments are the environment's part. A turn that calls the tool ends as the format's generation stops there; the last
-        one, the answer, with `end_of_turn`."""
+        `retool_env.data.sft.Segment`), split after every tool call; interpreter segments are the environment's
+        part. A turn that calls the tool ends as the format's generation stops there; the last one, the answer,
+        with `end_of_turn`."""
         turns: list[str] = []
         text: list[str] = []
         for segment in segments:
@@ -242,214 +240,6 @@ class ToolFormat(ABC):
                 text.append(segment.content)
         turns.append("\n\n".join(text) + end_of_turn)
         return turns
-
-
-def _escape_raw_control_chars(text: str) -> str:
-    """Escape newlines and tabs that appear raw inside JSON string literals (a common model mistake)."""
-    out, in_string, escaped = [], False, False
-    for ch in text:
-        if in_string and not escaped and ch in "\n\r\t":
-            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t"}[ch])
-            continue
-        if ch == '"' and not escaped:
-            in_string = not in_string
-        escaped = ch == "\\" and not escaped
-        out.append(ch)
-    return "".join(out)
-
-
-MAX_CALLS_PER_TURN = 32
-"""Tool calls read from one turn; more are answered with one error (far above `max_tool_calls`' usual values)."""
-
-# The environment's own messages name no added token (`<tool_call>` is one in Qwen's vocabulary): observation text is
-# encoded with added tokens split, while frameworks that re-tokenize observation text (SkyRL, GEM, OpenRLHF) parse
-# them, so a tag here would give two token sequences for one message.
-_CALL_FORMAT = f"Write {{\"name\": \"{TOOL_NAME}\", \"arguments\": {{\"code\": \"...\"}}}} as the tool call's JSON."
-
-
-def _loads(text: str) -> Any:
-    """`json.loads`, with every failure a ValueError that says what was wrong (nesting too deep and numbers too
-    long raise other errors in the json module)."""
-    try:
-        return json.loads(text)
-    except RecursionError:
-        raise ValueError("it is nested too deeply") from None
-    except json.JSONDecodeError:
-        raise
-    except ValueError as exc:  # e.g. an integer over Python's digit limit
-        raise ValueError(str(exc)) from None
-
-
-def parse_hermes_call(block: str) -> ToolCall:
-    """Read the JSON of one `<tool_call>` block; any fault becomes a ToolCall whose error tells the model why."""
-    block = block.strip()
-    try:
-        try:
-            call = _loads(block)
-        except json.JSONDecodeError as exc:
-            try:  # repair only when plain parsing failed, so valid JSON is never altered
-                call = _loads(_escape_raw_control_chars(block))
-            except json.JSONDecodeError:
-                return ToolCall(None, f"the tool call is not valid JSON ({exc.msg} at line {exc.lineno} column "
-                                      f"{exc.colno}). {_CALL_FORMAT}")
-    except ValueError as exc:
-        return ToolCall(None, f"the tool call is not valid JSON ({exc}). {_CALL_FORMAT}")
-    if not isinstance(call, dict):
-        return ToolCall(None, f"the tool call must be a JSON object with \"name\" and \"arguments\", not "
-                              f"{type(call).__name__}.")
-    name = call.get("name")
-    if name != TOOL_NAME:
-        shown = repr(name) if len(repr(name)) <= 80 else repr(name)[:77] + "..."
-        return ToolCall(None, f"unknown tool {shown}; the only tool is {TOOL_NAME!r}.")
-    args = call.get("arguments", call.get("parameters"))
-    if isinstance(args, str):
-        try:
-            args = _loads(args)
-        except ValueError:
-            args = None
-    if not isinstance(args, dict) or not isinstance(args.get("code"), str):
-        return ToolCall(None, f"{TOOL_NAME} needs \"arguments\": {{\"code\": \"<python code>\"}}.")
-    code = strip_code_fences(args["code"])
-    if not code.strip():
-        return ToolCall(None, "the code is empty.")
-    return ToolCall(code)
-
-
-def _complete_json_object(text: str) -> bool:
-    """Whether `text` is one whole JSON object (and nothing after it)."""
-    text = text.strip()
-    if not (text.startswith("{") and text.endswith("}")):
-        return False
-    try:
-        return isinstance(_loads(text), dict)
-    except ValueError:
-        return False
-
-
-def tool_call_blocks(text: str, open_tag: str = "<tool_call>", close_tag: str = "</tool_call>"
-                     ) -> tuple[list[str], bool]:
-    """The contents of each `open_tag ... close_tag` block in order, and whether an opened block is left unclosed.
-    Linear: one forward scan (a lazy regex rescans to the end from every unclosed opener)."""
-    blocks: list[str] = []
-    position = 0
-    while (start := text.find(open_tag, position)) >= 0:
-        end = text.find(close_tag, start + len(open_tag))
-        if end < 0:
-            return blocks, True
-        blocks.append(text[start + len(open_tag) : end])
-        position = end + len(close_tag)
-    return blocks, False
-
-
-class ChatTurnsFormat(ToolFormat):
-    """A format whose tool results are chat turns the tokenizer's chat template renders (`tool` messages), the
-    code interpreter advertised as the one tool: what `HermesFormat` and every `DialectFormat` share."""
-
-    default_prompt = "slime"
-    call_glue = "\n"
-    call_ends_turn = True
-    tool_turns = True
-    chat_template_kwargs: dict[str, Any]
-    dialect: Dialect  # how calls are written and where a turn's reasoning ends
-
-    def __init__(self, tokenizer: Tokenizer, chat_template_kwargs: dict[str, Any] | None = None) -> None:
-        super().__init__(tokenizer)
-        self.chat_template_kwargs = dict(chat_template_kwargs or {})
-
-    @property
-    def tools(self) -> list[dict[str, Any]]:
-        return [CODE_INTERPRETER_TOOL]
-
-    def split_reasoning(self, text: str, opened: bool = False) -> tuple[str, str]:
-        return self.dialect.split_reasoning(text, opened)
-
-    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
-        """The chat template's text of `messages`, with the tool and the template options of every render."""
-        return ChatRenderer(self.tokenizer, self.tools, self.chat_template_kwargs).render(messages,
-                                                                                           add_generation_prompt)
-
-
-class HermesFormat(ChatTurnsFormat):
-    """Qwen-style `<tool_call>` JSON calls; results as `tool` turns rendered by the tokenizer's chat template."""
-
-    name = "hermes"
-    dialect: Dialect = get_dialect("hermes")
-    _DUMMY = "<<retool-env-dummy>>"
-
-    def __init__(self, tokenizer: Tokenizer, chat_template_kwargs: dict[str, Any] | None = None) -> None:
-        super().__init__(tokenizer, chat_template_kwargs)
-        if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("the hermes format renders tool results with the tokenizer's chat template, "
-                             "and this tokenizer has none; set tokenizer.chat_template or use tool_format='retool'")
-        self._head = [{"role": "user", "content": "u"},
-                      {"role": "assistant", "content": self._DUMMY}]
-        head_text = self._render(self._head, add_generation_prompt=False)
-        after_content = head_text[head_text.index(self._DUMMY) + len(self._DUMMY):]
-        # The template's end-of-turn marker (e.g. "<|im_end|>") is what the model emits; what follows is glue.
-        turn_end = next((t for t in tokenizer.all_special_tokens if after_content.startswith(t)), None)
-        if turn_end is None:
-            raise ValueError(f"cannot find the end-of-turn token after an assistant message in the chat template "
-                             f"(it renders {after_content[:40]!r})")
-        self.turn_end: str = turn_end
-        self.turn_end_id: int = self.encode(turn_end)[0]
-        self.shape = tool_call_shape(tokenizer.chat_template, "hermes")  # how the template reads `tool_calls`
-        if not renders_tools(tokenizer.chat_template):  # e.g. DeepSeek-R1-Distill: the prompt must show the tool
-            self.system_prompt = tool_system_prompt("hermes", [CODE_INTERPRETER_TOOL])
-
-    def _parse_text(self, text: str, ended: bool) -> ParsedAction:
-        blocks, unclosed = tool_call_blocks(text)
-        if unclosed and _complete_json_object(tail := text[text.rfind("<tool_call>") + len("<tool_call>"):]):
-            blocks, unclosed = [*blocks, tail], False  # the last call's `</tool_call>` left out: read, as vLLM does
-        calls = [parse_hermes_call(block) for block in blocks[:MAX_CALLS_PER_TURN]]
-        if len(blocks) > MAX_CALLS_PER_TURN:  # each call is a rendered tool turn: hundreds would stall the step
-            calls.append(ToolCall(None, f"{len(blocks) - MAX_CALLS_PER_TURN} more tool calls in this turn were not "
-                                        f"read: at most {MAX_CALLS_PER_TURN} are read per turn."))
-        if unclosed:
-            if not ended:  # cut off inside a call: the turn is unfinished, and no answer
-                return ParsedAction(tuple(calls), complete=False, in_call=True)
-            calls.append(ToolCall(None, "a tool call was opened but never closed."))
-        if ended:
-            return ParsedAction(tuple(calls))
-        if calls and text.rstrip().endswith("</tool_call>"):  # stopped at </tool_call>: close the turn for it
-            return ParsedAction(tuple(calls), closing_ids=(self.turn_end_id,))
-        return ParsedAction((), complete=False)
-
-    @staticmethod
-    def call_text(code: str) -> str:
-        # Exactly how Qwen's chat template renders an assistant tool call, so SFT teaches the template's own layout.
-        arguments = json.dumps({"code": code}, ensure_ascii=False)
-        return f'<tool_call>\n{{"name": "{TOOL_NAME}", "arguments": {arguments}}}\n</tool_call>'
-
-    @classmethod
-    def sft_conversation(cls, segments: Iterable[Any], question: str) -> dict[str, Any]:
-        """OpenAI-style tool-calling messages (verl's layout) with `trainable` per message: assistant turns only."""
-        messages: list[dict[str, Any]] = [{"role": "user", "content": question}]
-        text: list[str] = []
-        for segment in segments:
-            if segment.kind == "code":
-                call = {"type": "function", "function": {"name": TOOL_NAME, "arguments": {"code": segment.content}}}
-                messages.append({"role": "assistant", "content": "\n\n".join(text), "tool_calls": [call]})
-                text = []
-            elif segment.kind == "interpreter":
-                messages.append({"role": "tool", "content": segment.content})
-            else:
-                text.append(segment.content)
-        if text:
-            messages.append({"role": "assistant", "content": "\n\n".join(text)})
-        return {"messages": messages, "tools": [CODE_INTERPRETER_TOOL],
-                "trainable": [m["role"] == "assistant" for m in messages]}
-
-    @staticmethod
-    def tool_messages(outputs: list[str]) -> list[dict[str, Any]]:
-        """The interpreter outputs as the chat messages the template renders after the model's turn."""
-        return [{"role": "tool", "name": TOOL_NAME, "content": output} for output in outputs]
-
-    def observation_ids(self, outputs: list[str]) -> list[int]:
-        """The tool turns as the chat template renders them after a one-turn conversation. The environment renders
-        its episode's real conversation instead (`retool_env.chat.Conversation`), which also sees rewrites."""
-        conversation = Conversation(self.tokenizer, self._head[:1], self.tools, self.turn_end,
-                                    self.chat_template_kwargs)
-        return conversation.after_tools(self._DUMMY, (), self.tool_messages(outputs)).appended
 
 
 class ReToolFormat(ToolFormat):
@@ -534,9 +324,12 @@ class ReToolFormat(ToolFormat):
         return f"<answer>\n{answer}\n</answer>"
 
 
-class DialectFormat(ChatTurnsFormat):
-    """Tool calls in one of `retool_env.dialects` (qwen3_coder XML, gpt-oss harmony, Llama 3 JSON, GLM-4.5, ...),
-    results as `tool` turns rendered by the tokenizer's chat template.
+_CONTENT_PROBE = "<<retool-env-dummy>>"  # an assistant message's content, found again in the template's render
+
+
+class DialectFormat(ToolFormat):
+    """Tool calls in one of `retool_env.dialects` (hermes, qwen3_coder XML, gpt-oss harmony, Llama 3 JSON, GLM-4.5,
+    ...), results as `tool` turns rendered by the tokenizer's chat template, the code interpreter the one tool.
 
     The template renders everything around the model's tokens: the call turn is given back to it as an assistant
     message with `tool_calls` (shaped as `tool_call_shape` finds the template reads them, or the model's text as
@@ -544,7 +337,12 @@ class DialectFormat(ChatTurnsFormat):
     (`retool_env.chat.Conversation`), whatever role (`tool`, `ipython`) and grouping the template uses. A template
     that does not render `tools` gets them in the system prompt (`system_prompt`, from `tool_system_prompt`)."""
 
-    dialect: Dialect
+    default_prompt = "slime"
+    call_glue = "\n"
+    call_ends_turn = True
+    tool_turns = True
+    dialect: Dialect  # how calls are read and written, and where a turn's reasoning ends
+    chat_template_kwargs: dict[str, Any]
 
     def __init__(self, tokenizer: Tokenizer, chat_template_kwargs: dict[str, Any] | None = None) -> None:
         template = getattr(tokenizer, "chat_template", None)
@@ -562,14 +360,15 @@ class DialectFormat(ChatTurnsFormat):
             raise ValueError("the tokenizer has no end-of-turn token (eos_token or the dialect's end tokens)")
         # Stop strings that are not one token of this vocabulary stop generation as text.
         self._stop_strings = [s for s in self.dialect.stop_strings if s not in added]
-        self.shape = tool_call_shape(template, self.dialect.name)
+        # How the template reads `tool_calls` (None: the call turn goes back to it as the model's text)
+        self.shape = None if self.dialect.calls_as_text else tool_call_shape(template, self.dialect.name)
         self.system_prompt = (None if renders_tools(template) else
                               tool_system_prompt(self.dialect, [CODE_INTERPRETER_TOOL]))
         # A user turn after it, for templates whose next header ends the assistant's turn (GLM's <|user|>).
-        head = [{"role": "user", "content": "u"}, {"role": "assistant", "content": HermesFormat._DUMMY},
+        head = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _CONTENT_PROBE},
                 {"role": "user", "content": "v"}]
         head_text = self._render(head, add_generation_prompt=False)
-        after_content = head_text[head_text.index(HermesFormat._DUMMY) + len(HermesFormat._DUMMY):].lstrip("\n")
+        after_content = head_text[head_text.index(_CONTENT_PROBE) + len(_CONTENT_PROBE):].lstrip("\n")
         special = sorted(set(tokenizer.all_special_tokens) | added, key=len, reverse=True)
         turn_end = next((t for t in special if after_content.startswith(t)), None)
         if turn_end is None:
@@ -587,17 +386,29 @@ class DialectFormat(ChatTurnsFormat):
                                                if t in added)}
 
     @property
+    def tools(self) -> list[dict[str, Any]]:
+        return [CODE_INTERPRETER_TOOL]
+
+    @property
     def stop_strings(self) -> list[str]:
         return list(self._stop_strings)
 
+    def split_reasoning(self, text: str, opened: bool = False) -> tuple[str, str]:
+        return self.dialect.split_reasoning(text, opened)
+
+    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+        """The chat template's text of `messages`, with the tool and the template options of every render."""
+        return ChatRenderer(self.tokenizer, self.tools, self.chat_template_kwargs).render(messages,
+                                                                                           add_generation_prompt)
+
     def _renders_results_after_text(self) -> bool:
-        messages = [{"role": "user", "content": "u"}, {"role": "assistant", "content": HermesFormat._DUMMY},
+        messages = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _CONTENT_PROBE},
                     *self.tool_messages(["r"])]
         try:
             text = self._render(messages, add_generation_prompt=True)
         except Exception:  # the template's own refusal (jinja's raise_exception)
             return False
-        return text[text.index(HermesFormat._DUMMY) + len(HermesFormat._DUMMY):].startswith(self.turn_end)
+        return text[text.index(_CONTENT_PROBE) + len(_CONTENT_PROBE):].startswith(self.turn_end)
 
     def parse(self, action_ids: list[int], reasoning_open: bool = False) -> ParsedAction:
         """As `ToolFormat.parse`; a call turn the model ended with an end token the template does not put after
@@ -620,14 +431,10 @@ class DialectFormat(ChatTurnsFormat):
         turn = self.dialect.parse(text, [CODE_INTERPRETER_TOOL])
         calls, function_calls = [], []  # function_calls: each call as the template renders it
         for call in turn.calls:
-            code = call.arguments.get("code") if call.ok and call.arguments else None
-            if not isinstance(code, str):
-                calls.append(ToolCall(None, call.error or f"{TOOL_NAME} needs the parameter 'code'"))
-                function_calls.append(FunctionCall(_rendered_name(call.name), {}))
-                continue
-            code = strip_code_fences(code)
-            calls.append(ToolCall(code) if code.strip() else ToolCall(None, "the code is empty."))
-            function_calls.append(FunctionCall(call.name or TOOL_NAME, call.arguments or {}))
+            calls.append(_tool_call(call))
+            readable = call.ok and isinstance((call.arguments or {}).get("code"), str)
+            function_calls.append(FunctionCall(call.name or TOOL_NAME, call.arguments or {}) if readable
+                                  else FunctionCall(_rendered_name(call.name), {}))
         read = all(call.ok for call in turn.calls)
         if turn.unfinished:
             if not ended:  # cut off inside a call: the turn is unfinished, and no answer
@@ -656,6 +463,26 @@ class DialectFormat(ChatTurnsFormat):
     def call_text(cls, code: str) -> str:
         return cls.dialect.call_text([FunctionCall(TOOL_NAME, {"code": code})])
 
+    @classmethod
+    def sft_conversation(cls, segments: Iterable[Any], question: str) -> dict[str, Any]:
+        """OpenAI-style tool-calling messages (verl's layout) with `trainable` per message: assistant turns only.
+        The trainer's chat template writes the calls in its own dialect."""
+        messages: list[dict[str, Any]] = [{"role": "user", "content": question}]
+        text: list[str] = []
+        for segment in segments:
+            if segment.kind == "code":
+                call = {"type": "function", "function": {"name": TOOL_NAME, "arguments": {"code": segment.content}}}
+                messages.append({"role": "assistant", "content": "\n\n".join(text), "tool_calls": [call]})
+                text = []
+            elif segment.kind == "interpreter":
+                messages.append({"role": "tool", "content": segment.content})
+            else:
+                text.append(segment.content)
+        if text:
+            messages.append({"role": "assistant", "content": "\n\n".join(text)})
+        return {"messages": messages, "tools": [CODE_INTERPRETER_TOOL],
+                "trainable": [m["role"] == "assistant" for m in messages]}
+
     @staticmethod
     def tool_messages(outputs: list[str]) -> list[dict[str, Any]]:
         return [{"role": "tool", "name": TOOL_NAME, "tool_call_id": f"call_{i}", "content": output}
@@ -671,22 +498,20 @@ class DialectFormat(ChatTurnsFormat):
         return conversation.after_tools(text, (), self.tool_messages(outputs), parsed.tool_message).appended
 
 
+def _tool_call(call: ParsedCall) -> ToolCall:
+    """The code a dialect's call runs (fences stripped), or why it runs none."""
+    code = call.arguments.get("code") if call.ok and call.arguments else None
+    if not isinstance(code, str):
+        return ToolCall(None, call.error or f"{TOOL_NAME} needs the parameter 'code'")
+    code = strip_code_fences(code)
+    return ToolCall(code) if code.strip() else ToolCall(None, "the code is empty.")
+
+
 def _rendered_name(name: str | None) -> str:
     """The name a malformed call is rendered under: the model's when it is a plain name, else the tool's."""
     plain = name is not None and 0 < len(name) <= 64 and name.replace("_", "a").replace(".", "a").replace(
         "-", "a").isalnum()
     return name if plain and name is not None else TOOL_NAME
-
-
-def prompt_messages(prompt: Any, problem: str, system_prompt: str | None) -> list[dict[str, Any]]:
-    """The prompt's chat messages, with `system_prompt` (the tools, for a template that does not render them)
-    joined to the system message."""
-    messages = prompt.messages(problem)
-    if system_prompt is None:
-        return messages
-    if messages and messages[0]["role"] == "system":
-        return [{**messages[0], "content": messages[0]["content"] + "\n\n" + system_prompt}, *messages[1:]]
-    return [{"role": "system", "content": system_prompt}, *messages]
 
 
 @functools.cache
@@ -696,12 +521,12 @@ def dialect_format_class(dialect: str) -> type[DialectFormat]:
     return type(f"{type(found).__name__}Format", (DialectFormat,), {"name": found.name, "dialect": found})
 
 
-FORMATS: dict[str, type[ToolFormat]] = {"hermes": HermesFormat, "retool": ReToolFormat}
+FORMATS: dict[str, type[ToolFormat]] = {"retool": ReToolFormat}
 
 
 def format_class(tool_format: str) -> type[ToolFormat]:
-    """The ToolFormat class of a name (hermes, retool, or a dialect of `retool_env.dialects`), for writing text in
-    the format without a tokenizer."""
+    """The ToolFormat class of a name (`retool`, or a dialect of `retool_env.dialects` such as hermes), for writing
+    text in the format without a tokenizer."""
     if tool_format in FORMATS:
         return FORMATS[tool_format]
     try:
@@ -740,7 +565,47 @@ def make_format(tool_format: str | ToolFormat, tokenizer: Tokenizer,
     if isinstance(tool_format, ToolFormat):
         return tool_format
     cls = format_class(resolve_tool_format(tool_format, tokenizer))
-    if issubclass(cls, ChatTurnsFormat):
+    if issubclass(cls, DialectFormat):
         return cls(tokenizer, chat_template_kwargs)
     return cls(tokenizer)
 
+
+def _moved(name: str) -> tuple[Any, str]:
+    """A name this module no longer defines: (what stands in for it, where it is now)."""
+    if name == "HermesFormat":
+        return dialect_format_class("hermes"), 'retool_env.formats.format_class("hermes")'
+    if name == "ChatTurnsFormat":
+        return DialectFormat, "retool_env.formats.DialectFormat"
+    if name == "prompt_messages":
+        from retool_env.prompts import prompt_messages
+
+        return prompt_messages, "retool_env.prompts.prompt_messages"
+    if name == "MAX_CALLS_PER_TURN":
+        from retool_env.dialects.base import MAX_CALLS
+
+        return MAX_CALLS, "retool_env.dialects.base.MAX_CALLS"
+    if name == "parse_hermes_call":
+        return _parse_hermes_call, 'retool_env.dialects.get_dialect("hermes").parse'
+    if name == "tool_call_blocks":
+        return _tool_call_blocks, "retool_env.dialects.base.find_blocks"
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __getattr__(name: str) -> Any:
+    value, new = _moved(name)
+    warnings.warn(f"retool_env.formats.{name} is deprecated and will be removed in the next release; use {new}",
+                  DeprecationWarning, stacklevel=2)
+    return value
+
+
+def _parse_hermes_call(block: str) -> ToolCall:
+    turn = get_dialect("hermes").parse(f"<tool_call>{block}</tool_call>", [CODE_INTERPRETER_TOOL])
+    return _tool_call(turn.calls[0]) if turn.calls else ToolCall(None, "no tool call")
+
+
+def _tool_call_blocks(text: str, open_tag: str = "<tool_call>", close_tag: str = "</tool_call>"
+                      ) -> tuple[list[str], bool]:
+    from retool_env.dialects.base import find_blocks
+
+    found = [(body, closed) for _, body, closed in find_blocks(text, open_tag, close_tag) if body is not None]
+    return [body for body, closed in found if closed], any(not closed for _, closed in found)

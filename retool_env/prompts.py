@@ -8,6 +8,7 @@ paper's inline `<code>` format). The problem must be the raw statement: an alrea
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from retool_env.tokens import Tokenizer
 
@@ -29,7 +30,7 @@ The last part of your response should be in the following format:
 Remember to place the final answer in the last part using the format: 
 <answer>
 \\boxed{'The final answer goes here.'}
-</answer>"""  # noqa: W291 (the paper's template has trailing spaces)
+</answer>"""  # noqa: W291, E501 (the paper's template verbatim: trailing spaces, a long first line)
 
 # DAPO-Math-17k's instruction wrapper (its `prompt` column), as the verl recipe sends it.
 DAPO_USER = (
@@ -80,3 +81,14 @@ def render_prompt(tokenizer: Tokenizer, template: PromptTemplate, problem: str, 
     ids = tokenizer.apply_chat_template(template.messages(problem), tools=tools or None, add_generation_prompt=True,
                                         tokenize=True, return_dict=False)
     return list(ids)
+
+
+def prompt_messages(prompt: PromptTemplate, problem: str, system_prompt: str | None) -> list[dict[str, Any]]:
+    """The prompt's chat messages, with `system_prompt` (the tools, for a template that does not render them)
+    joined to the system message."""
+    messages = prompt.messages(problem)
+    if system_prompt is None:
+        return messages
+    if messages and messages[0]["role"] == "system":
+        return [{**messages[0], "content": messages[0]["content"] + "\n\n" + system_prompt}, *messages[1:]]
+    return [{"role": "system", "content": system_prompt}, *messages]

@@ -29,11 +29,12 @@ One record (`SCHEMA_VERSION` 1; every field always present, None where unknown):
 - `tool_calls`: per call, `turn`, `code`, `status` (a `ToolStatus`), `output` (the text the model was shown) and
   `duration` in seconds.
 - `answer_text`: the model text the grader read (`Trajectory.graded_text`: the last turn's answer, "" when that
-  turn was no answer; None for a failed episode); `pred`:
-  the answer the grader extracted from it (None: nothing extractable, a parse failure); `correct`, `strict_correct`.
+  turn was no answer; None for a failed episode); `pred`: the answer the grader extracted from it (None: nothing
+  extractable, a parse failure); `correct`, `strict_correct`.
 - `reward`: the environment's; `trained_reward`: what GRPO was given (a group-level option such as
-  `sign_safe_shaping` may change it; None: unscored, a failed episode or one RoC dropped); `reward_scheme` (its name or "module:function" path; None for an unnamed callable) and `reward_kwargs`:
-  enough to recompute it; `episode_stats`: the `EpisodeStats` fields the scheme was given.
+  `sign_safe_shaping` may change it; None: unscored, a failed episode or one RoC dropped); `reward_scheme` (its name
+  or "module:function" path; None for an unnamed callable) and `reward_kwargs`: enough to recompute it;
+  `episode_stats`: the `EpisodeStats` fields the scheme was given.
 - `finish_reason`, `truncated`, `aborted` (a failed episode: never trained on, no reward).
 """
 
@@ -70,7 +71,8 @@ def reward_scheme_name(scheme: Any) -> str | None:
     return None
 
 
-def episode_record(traj: Trajectory, *, decode: Callable[[list[int]], str], episode_stats: EpisodeStats | None, reward_scheme: Any, reward_kwargs: dict | None,
+def episode_record(traj: Trajectory, *, decode: Callable[[list[int]], str], episode_stats: EpisodeStats | None,
+                   reward_scheme: Any, reward_kwargs: dict | None,
                    env_mask: Sequence[int] | None = None, filtered: Sequence[str] = (), question: str | None = None,
                    policy_version: int | str | None = None, seed: int | None = None, group: int | None = None,
                    mode: str = "train", trained_reward: float | None = None) -> dict[str, Any]:
@@ -87,7 +89,8 @@ def episode_record(traj: Trajectory, *, decode: Callable[[list[int]], str], epis
         "turns": turns,
         "tool_calls": [{"turn": c.turn, "code": c.code, "status": str(c.status), "output": c.output,
                         "duration": c.duration} for c in traj.tool_calls],
-        "answer_text": traj.graded_text, "pred": traj.pred, "correct": traj.correct, "strict_correct": traj.strict_correct,
+        "answer_text": traj.graded_text, "pred": traj.pred, "correct": traj.correct,
+        "strict_correct": traj.strict_correct,
         "reward": traj.reward, "trained_reward": trained_reward, "reward_scheme": reward_scheme_name(reward_scheme),
         "reward_kwargs": dict(reward_kwargs or {}),
         "episode_stats": None if episode_stats is None else asdict(episode_stats),

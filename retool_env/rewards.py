@@ -61,8 +61,8 @@ from dataclasses import dataclass
 from retool_env.grading import Grade
 from retool_env.trajectory import NOT_RUN, ToolCallRecord, ToolStats, Trajectory
 
-__all__ = ["REWARD_SCHEMES", "SHAPING_UNITS", "SIGN_SAFE_GUARANTEES", "EpisodeStats", "RewardFn", "count_tool_rounds", "get_reward_fn",
-           "sign_safe_rewards"]
+__all__ = ["REWARD_SCHEMES", "SHAPING_UNITS", "SIGN_SAFE_GUARANTEES", "EpisodeStats", "RewardFn", "count_tool_rounds",
+           "get_reward_fn", "sign_safe_rewards"]
 
 
 @dataclass(frozen=True)

@@ -118,7 +118,8 @@ async def run_episode(
                   "finish_reason": generation.finish_reason}
         _, _, terminated, truncated, info = await env.astep(action)
         traj.turns[turn].policy_version = generation.policy_version
-        if getattr(getattr(env, "config", None), "stateful", False) and any(r["status"] == ToolStatus.SANDBOX_ERROR for r in info["tool_results"]):
+        if getattr(getattr(env, "config", None), "stateful", False) and any(
+                r["status"] == ToolStatus.SANDBOX_ERROR for r in info["tool_results"]):
             # The executor failed mid-episode: the session's variables may be gone, so later cells would run on a
             # state the model never built. Such an episode is not honest training data.
             raise EpisodeAborted("the sandbox failed in a stateful episode (its session state is lost)")
@@ -218,7 +219,8 @@ async def run_episodes(
                     results[index] = traj
                     stats["correct"] += bool(traj.correct)
                 except Exception as exc:  # one bad episode never kills the batch
-                    reason = f"timeout after {episode_timeout} s" if isinstance(exc, asyncio.TimeoutError) else repr(exc)
+                    reason = (f"timeout after {episode_timeout} s" if isinstance(exc, asyncio.TimeoutError)
+                              else repr(exc))
                     started = getattr(env, "unwrapped", env)
                     prompt_ids = started.trajectory.prompt_ids if started.problem is problem else ()
                     results[index] = aborted_trajectory(problem, reason, prompt_ids)

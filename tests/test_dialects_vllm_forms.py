@@ -20,7 +20,8 @@ READ = [
     ("qwen3_coder", "<tool_call>\n<function=search>\n<parameter=query>\nDallas\n<parameter=limit>\n3\n</parameter>\n"
                     "</function>\n</tool_call>", [("search", {"query": "Dallas", "limit": 3})]),
     ("qwen3_coder", "<tool_call>\n<function=code_interpreter>\n<parameter=code>\nprint('</tool_call>')\n"
-                    "</parameter>\n</function>\n</tool_call>", [("code_interpreter", {"code": "print('</tool_call>')"})]),
+                    "</parameter>\n</function>\n</tool_call>",
+     [("code_interpreter", {"code": "print('</tool_call>')"})]),
     ("glm45", "<tool_call>search\n<arg_key>query</arg_key>\n<arg_value>q</arg_value>\n<arg_key>page</arg_key>\n"
               "<arg_value>7</arg_value>\n</tool_call>", [("search", {"query": "q", "page": 7})]),
     ("hermes", '<tool_call>\n{"name": "search", "arguments": {"query": "q"}}', [("search", {"query": "q"})]),
@@ -28,7 +29,8 @@ READ = [
     ("mistral", '[TOOL_CALLS]search{"query": "q"}', [("search", {"query": "q"})]),
     ("mistral", '[TOOL_CALLS]search[ARGS]{"query": "q"} then text', [("search", {"query": "q"})]),
     ("mistral", '[TOOL_CALLS]{"name": "search", "arguments": {"query": "q"}}', [("search", {"query": "q"})]),
-    ("pythonic", "[search(query='q', tags={'urgent', 'bug'})]", [("search", {"query": "q", "tags": ["urgent", "bug"]})]),
+    ("pythonic", "[search(query='q', tags={'urgent', 'bug'})]",
+     [("search", {"query": "q", "tags": ["urgent", "bug"]})]),
     ("lfm2", "<|tool_call_start|>[search(query='a\x00b')]<|tool_call_end|>", [("search", {"query": "a\x00b"})]),
     ("gemma4", '<|tool_call>:search{query:<|"|>q<|"|>}<tool_call|>', [("search", {"query": "q"})]),
     ("lfm2", "<|tool_call_start|>[code_interpreter(code='x = f('a', 'b')\nprint(x)')]<|tool_call_end|>",

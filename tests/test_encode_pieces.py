@@ -19,7 +19,8 @@ FRAGMENTS = ["\n", "user\n", "assistant\n", " ", "  ", "\n\n", "56088", "print(6
 def samples(tok, n: int, seed: int) -> list[str]:
     rng = random.Random(seed)
     added = sorted(set(tok.get_added_vocab()))
-    return ["".join(rng.choice(added) if rng.random() < 0.3 else rng.choice(FRAGMENTS) for _ in range(rng.randint(0, 24)))
+    return ["".join(rng.choice(added) if rng.random() < 0.3 else rng.choice(FRAGMENTS)
+                    for _ in range(rng.randint(0, 24)))
             for _ in range(n)]
 
 

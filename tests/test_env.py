@@ -263,7 +263,7 @@ def test_cut_off_turn_is_truncated_and_graded(any_tok):
 # ---------------------------------------------------------------------------------------------- bad actions
 @pytest.mark.parametrize(("text", "needle"), [
     ('<tool_call>\n{"name": "code_interpreter", "arguments": {"code": "print(1)"</tool_call>', "not valid JSON"),
-    ('<tool_call>\n{"name": "bash", "arguments": {"code": "ls"}}\n</tool_call>', "unknown tool"),
+    ('<tool_call>\n{"name": "bash", "arguments": {"code": "ls"}}\n</tool_call>', "unknown function"),
     ('<tool_call>\n{"name": "code_interpreter", "arguments": {}}\n</tool_call>', "needs"),
     ('<tool_call>\n{"name": "code_interpreter", "arguments": {"code": "  "}}\n</tool_call>', "empty"),
     ('<tool_call>\n[1, 2]\n</tool_call>', "JSON object"),
@@ -281,18 +281,20 @@ def test_malformed_calls_become_observations(tiny_tok, text, needle):
 def test_raw_newlines_in_json_are_repaired_and_fences_stripped(tiny_tok):
     env = make_env(tiny_tok)
     env.reset(options={"index": 1})
-    raw = '<tool_call>\n{"name": "code_interpreter", "arguments": {"code": "```python\nx = 6\nprint(x * 7)\n```"}}\n</tool_call>'
+    raw = ('<tool_call>\n{"name": "code_interpreter", "arguments": {"code": "```python\nx = 6\nprint(x * 7)\n```"}}'
+           '\n</tool_call>')
     obs, *_, info = env.step(ids(tiny_tok, raw))
     assert info["tool_results"][0]["status"] == "ok" and "42" in info["tool_results"][0]["output"]
 
 
 def test_valid_json_is_never_altered(tiny_tok):
-    from retool_env.formats import parse_hermes_call
+    from retool_env.dialects import get_dialect
+    from retool_env.formats import CODE_INTERPRETER_TOOL
 
     code = 'print("a\\nb")'
-    assert parse_hermes_call(json.dumps({"name": "code_interpreter", "arguments": {"code": code}})).code == code
-    assert parse_hermes_call(json.dumps({"name": "code_interpreter",
-                                         "arguments": json.dumps({"code": code})})).code == code
+    for arguments in ({"code": code}, json.dumps({"code": code})):
+        block = "<tool_call>" + json.dumps({"name": "code_interpreter", "arguments": arguments}) + "</tool_call>"
+        assert get_dialect("hermes").parse(block, [CODE_INTERPRETER_TOOL]).calls[0].arguments == {"code": code}
 
 
 def test_budget_errors_name_the_argument_and_value(tiny_tok):
@@ -521,3 +523,23 @@ def test_settings_live_on_the_config_alone(tiny_tok):
         assert env.config.max_tool_calls == 3 and env.tools.config is env.config
     finally:
         env.close()
+
+
+def test_moved_format_names_still_import_for_a_release_with_a_deprecation_warning(tiny_tok):
+    import retool_env.formats as formats
+    from retool_env.prompts import prompt_messages
+
+    with pytest.warns(DeprecationWarning, match=r'format_class\("hermes"\)'):
+        hermes = formats.HermesFormat
+    assert hermes is formats.format_class("hermes") and issubclass(hermes, formats.DialectFormat)
+    with pytest.warns(DeprecationWarning, match="retool_env.prompts.prompt_messages"):
+        assert formats.prompt_messages is prompt_messages
+    with pytest.warns(DeprecationWarning):
+        call = formats.parse_hermes_call('{"name": "code_interpreter", "arguments": {"code": "print(1)"}}')
+    assert call == formats.ToolCall("print(1)")
+    with pytest.warns(DeprecationWarning):
+        assert formats.tool_call_blocks("a<tool_call>1</tool_call>b<tool_call>2") == (["1"], True)
+    with pytest.warns(DeprecationWarning):
+        assert formats.ChatTurnsFormat is formats.DialectFormat and formats.MAX_CALLS_PER_TURN == 32
+    with pytest.raises(AttributeError):
+        formats.NoSuchName  # noqa: B018

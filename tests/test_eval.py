@@ -339,12 +339,12 @@ class CallThenAnswer:
         self.prompts: list[str] = []
 
     async def generate(self, prompt_ids, *, max_tokens, stop_token_ids=(), stop=(), sampling=None):
-        from retool_env.formats import HermesFormat
+        from retool_env.formats import format_class
         from retool_env.rollout import Generation
 
         context = self.tokenizer.decode(list(prompt_ids))
         self.prompts.append(context)
-        text = "\\boxed{42}" if "<tool_response>" in context else HermesFormat.call_text("print(6 * 7)")
+        text = "\\boxed{42}" if "<tool_response>" in context else format_class("hermes").call_text("print(6 * 7)")
         ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.convert_tokens_to_ids(
             "<|im_end|>")]
         return Generation(ids[:max_tokens], None, "stop")
@@ -434,7 +434,8 @@ def test_several_benchmarks_in_one_run_and_levels_only_where_a_benchmark_has_the
     from retool_adapters import eval_cli
 
     fixtures = ROOT / "tests" / "fixtures" / "data"
-    _, data, _, _ = eval_cli.parse_args(["--dataset", f"{fixtures / 'matharena' / 'aime_2026'},{fixtures / 'amo_bench'}",
+    _, data, _, _ = eval_cli.parse_args(["--dataset",
+                                         f"{fixtures / 'matharena' / 'aime_2026'},{fixtures / 'amo_bench'}",
                                          "--levels", "number", "set", "variable", "--limit", "2"])
     benchmarks = eval_cli.load_benchmarks(data)
     assert list(benchmarks) == ["aime_2026", "amo_bench"]

@@ -198,7 +198,8 @@ def test_a_leading_zero_group_is_no_thousands_separator(pred: str, gold: str) ->
 # ------------------------------------------------------------------------------------------------ hedges
 HEDGES = [
     "42 \\lor 43", "42 \\vee 43", "42 \\approx 43", "42 \\sim 43", "42 \\to 43", "42 \\Rightarrow 43", "42 \\mid 43",
-    "42 \\equiv 43", "42 \\parallel 43", "42 \\sqsubset 43", "42 \\cup 43", "42 | 43", "\\frac{84}{2} = 43", "x = 41 = 42",
+    "42 \\equiv 43", "42 \\parallel 43", "42 \\sqsubset 43", "42 \\cup 43", "42 | 43", "\\frac{84}{2} = 43",
+    "x = 41 = 42",
     "x = 42 = 43", "\\begin{cases} 42 \\\\ 43 \\end{cases}", "\\begin{aligned} 42 \\\\ 43 \\end{aligned}",
     "\\substack{42 \\\\ 43}", "42 \\\\ 43", "42 \\text{ (or } 43\\text{)}", "\\text{42 or 43}", "42 \\text{ else } 43",
     "1, 2, \\ldots, 42", "40, 41, \\ldots, 43", "(\\frac{84}{2} = 43, 5)", "(x = 41 = 42, 5)",
@@ -214,7 +215,8 @@ def test_an_answer_that_lists_or_relates_alternatives_is_right_for_no_gold(pred:
     assert [gold for gold in golds if grade(f"The answer is \\boxed{{{pred}}}.", gold).correct] == []
 
 
-@pytest.mark.parametrize("pred", ["y = 2x + 3 = 3x + 2", "y = 3x + 2 = 2x + 3", "y = 2x + 3 \\\\ y = 3x + 2", "x = 1 = 2"])
+@pytest.mark.parametrize("pred", ["y = 2x + 3 = 3x + 2", "y = 3x + 2 = 2x + 3", "y = 2x + 3 \\\\ y = 3x + 2",
+                                  "x = 1 = 2"])
 def test_against_an_equation_gold_a_chain_pays_for_neither_side(pred: str) -> None:
     golds = ["y = 2x + 3", "y = 3x + 2", "x = 1", "x = 2"]
     assert [gold for gold in golds if grade(f"\\boxed{{{pred}}}", gold).correct] == []
@@ -416,8 +418,9 @@ def test_parent_never_imports_math_verify() -> None:
 
 
 # ------------------------------------------------------------------------------------------------ fuzz
-TOKENS = [*"0123456789+-*/^_{}()[],.=x \\$%!", "\\frac", "\\boxed{", "\\sqrt", "\\pi", "\\text{", "10^{10^{", "\\begin{",
-          "\\end{", "\\begin{cases}", "\\begin{pmatrix}", "\\\\", "\\approx", "\\lor", " or ", "\\ldots", "\\mid"]
+TOKENS = [*"0123456789+-*/^_{}()[],.=x \\$%!", "\\frac", "\\boxed{", "\\sqrt", "\\pi", "\\text{", "10^{10^{",
+          "\\begin{", "\\end{", "\\begin{cases}", "\\begin{pmatrix}", "\\\\", "\\approx", "\\lor", " or ", "\\ldots",
+          "\\mid"]
 LATEXISH = st.lists(st.sampled_from(TOKENS), max_size=30).map("".join)
 
 

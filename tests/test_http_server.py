@@ -276,7 +276,8 @@ def test_memory_of_requests_in_flight_is_bounded(served):
     limited = served.start(read_timeout=5.0, max_body=600, max_inflight_bytes=1000)
     assert post(limited, {"code": "#" * 700}).status_code == 413
     with socket.create_connection(("127.0.0.1", limited.port), timeout=20) as holder:
-        holder.sendall(f"POST /run_code HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 590\r\n\r\n".encode()
+        holder.sendall(f"POST /run_code HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\n"
+                       "Content-Length: 590\r\n\r\n".encode()
                        + b"#" * 500)  # 500 bytes of it arrived: those are held
         time.sleep(0.3)
         assert raw_exchange(limited.port, b"GET /v1/ping HTTP/1.1\r\nConnection: close\r\n\r\n").endswith(b'"pong"')
@@ -481,7 +482,8 @@ def test_a_thousand_idle_connections_do_not_lock_out_a_caller_with_the_token(cli
         for _ in range(1100):  # more than the old 1,024 open files, and than the cap
             idle.append(socket.create_connection(("127.0.0.1", port), timeout=10))
         begin = time.monotonic()
-        result = SandboxFusionSandbox(f"http://127.0.0.1:{port}", token=TOKEN, retries=0, timeout=5).run_sync("print(8)")
+        sandbox = SandboxFusionSandbox(f"http://127.0.0.1:{port}", token=TOKEN, retries=0, timeout=5)
+        result = sandbox.run_sync("print(8)")
         took = time.monotonic() - begin
         assert result.stdout == "8\n", result
         assert took < 5, f"the call took {took:.1f} s beside 1,100 idle connections"

@@ -27,7 +27,8 @@ def play(tok, turns: list[str], **config) -> tuple[ToolEnvironment, dict]:
     for text in turns:
         env.step(tok.encode(text, add_special_tokens=False) + [end])
     traj = env.trajectory
-    record = episode_record(traj, decode=tok.decode, episode_stats=EpisodeStats.of(traj), reward_scheme=env.config.reward,
+    record = episode_record(traj, decode=tok.decode, episode_stats=EpisodeStats.of(traj),
+                            reward_scheme=env.config.reward,
                             reward_kwargs=env.config.reward_kwargs, question=PROBLEM.question, policy_version=3,
                             seed=11, group=0)
     return env, record

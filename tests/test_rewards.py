@@ -256,7 +256,8 @@ def test_episode_stats_of_a_trajectory_counts_what_the_environment_ran() -> None
     from retool_env.trajectory import ToolCallRecord, ToolStatus, Trajectory
 
     traj = Trajectory(prompt_ids=[1], finish_reason="answer")
-    traj.tool_calls = [ToolCallRecord("1", "1", ToolStatus.OK, turn=0), ToolCallRecord("2", "x", ToolStatus.ERROR, turn=0),
+    traj.tool_calls = [ToolCallRecord("1", "1", ToolStatus.OK, turn=0),
+                       ToolCallRecord("2", "x", ToolStatus.ERROR, turn=0),
                        ToolCallRecord(None, "bad", ToolStatus.INVALID, turn=1),
                        ToolCallRecord("3", "", ToolStatus.TIMEOUT, turn=2)]
     stats = EpisodeStats.of(traj)

@@ -81,10 +81,12 @@ def server_host_pid(sb: LocalSandbox) -> int:
 
 
 def test_output_joins_stdout_errors_and_note():
-    result = ExecResult("timeout", stdout="partial", stderr="", note="TimeoutError: execution exceeded the 5 s time limit")
+    result = ExecResult("timeout", stdout="partial", stderr="",
+                        note="TimeoutError: execution exceeded the 5 s time limit")
     assert result.output == "partial\nTimeoutError: execution exceeded the 5 s time limit"
     assert ExecResult("ok").output == ""
-    assert ExecResult("error", stdout="a\n", stderr="Traceback\nValueError: x\n").output == "a\nTraceback\nValueError: x"
+    failed = ExecResult("error", stdout="a\n", stderr="Traceback\nValueError: x\n")
+    assert failed.output == "a\nTraceback\nValueError: x"
     assert result.to_dict()["status"] == "timeout" and result.to_dict()["stdout"] == "partial"
 
 
@@ -226,7 +228,8 @@ def test_usable_from_several_loops_and_threads(sandbox):
     finally:
         loop.close()
     outputs = []
-    threads = [threading.Thread(target=lambda i=i: outputs.append(run(sandbox, f"print({i})").stdout)) for i in range(4)]
+    threads = [threading.Thread(target=lambda i=i: outputs.append(run(sandbox, f"print({i})").stdout))
+               for i in range(4)]
     for t in threads:
         t.start()
     for t in threads:
@@ -404,7 +407,8 @@ def test_unclosed_sandbox_leaves_nothing_when_the_trainer_exits():
         while time.time() < deadline and any(Path(slot, "cgroup.procs").read_text().strip()
                                              for slot in Path(cgroup).iterdir() if slot.is_dir()):
             time.sleep(0.1)
-        assert not any(Path(slot, "cgroup.procs").read_text().strip() for slot in Path(cgroup).iterdir() if slot.is_dir())
+        assert not any(Path(slot, "cgroup.procs").read_text().strip()
+                       for slot in Path(cgroup).iterdir() if slot.is_dir())
     # A crashed trainer's empty parent cgroup is removed by the next sandbox that starts.
     with LocalSandbox(prefork=0) as sb:
         sb.start()
@@ -426,7 +430,8 @@ def test_fusion_client_retries_transient_failures():
             if len(calls) < 3:
                 body, status = b"{}", b"503 Service Unavailable"
             else:
-                run_result = {"status": "Finished", "stdout": "hi\n", "stderr": "", "return_code": 0, "execution_time": 0.01}
+                run_result = {"status": "Finished", "stdout": "hi\n", "stderr": "", "return_code": 0,
+                              "execution_time": 0.01}
                 body, status = json.dumps({"status": "Success", "run_result": run_result}).encode(), b"200 OK"
             writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
             await writer.drain()
@@ -591,10 +596,24 @@ def test_every_backend_refuses_a_timeout_of_zero_the_same_way():
 def test_statuses_are_one_str_enum():
     result = ExecResult("sandbox_error", note="x")  # a plain string (the server's JSON) becomes the enum
     assert result.status is ToolStatus.SANDBOX_ERROR and result.status == "sandbox_error"
-    assert json.loads(json.dumps(result.to_dict()))["status"] == "sandbox_error" and f"{result.status}" == "sandbox_error"
+    assert json.loads(json.dumps(result.to_dict()))["status"] == "sandbox_error"
+    assert f"{result.status}" == "sandbox_error"
     assert ExecResult("ok").ok and not ExecResult("error").ok
     with pytest.raises(ValueError):
         ExecResult("forged")
     from retool_env.trajectory import ToolStatus as RecordStatus
 
     assert RecordStatus is ToolStatus  # one enum for the sandbox and the episode's records
+
+
+def test_the_server_takes_every_setting_the_client_decides_from_the_client():
+    """LocalSandbox's arguments are the one place its defaults live: the server's config fills in none of them, so
+    a setting the client leaves out fails loudly instead of running with a second default."""
+    from retool_env.sandbox.forkserver.config import Config
+
+    sent = LocalSandbox(memory_mb=300, max_sessions=5)._config
+    config = Config(**sent, listen_fd=3, lifeline_fd=4)
+    assert (config.memory_mb, config.max_sessions) == (300, 5)
+    for name in sent:
+        with pytest.raises(TypeError, match=name):
+            Config(**{k: v for k, v in sent.items() if k != name}, listen_fd=3, lifeline_fd=4)

@@ -66,10 +66,12 @@ CASES: dict[str, str] = {
     "read_parent_environ": "import os\nprint(open(f'/proc/{os.getppid()}/environ', 'rb').read())",
     "read_trainer_environ": "print(open('/proc/{trainer}/environ', 'rb').read())",
     "scan_all_environ": (
-        "import os\nfor pid in filter(str.isdigit, os.listdir('/proc')):\n    try: print(open(f'/proc/{pid}/environ', 'rb').read())\n"
+        "import os\nfor pid in filter(str.isdigit, os.listdir('/proc')):\n"
+        "    try: print(open(f'/proc/{pid}/environ', 'rb').read())\n"
         "    except OSError as e: print(pid, e)"
     ),
-    "tcp_to_localhost": "import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)\nprint('connected')",
+    "tcp_to_localhost": "import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
+                        "print('connected')",
     "write_outside": "open('{outside}/escaped.txt', 'w').write('pwned')\nprint('wrote')",
     "write_next_to_workdir": "open('../neighbour.txt', 'w').write('x')\nopen('/tmp/loose.txt', 'w').write('x')",
     "ctypes_system": "import ctypes\nprint(ctypes.CDLL(None).system(b'touch {outside}/ctypes.txt'))",
@@ -97,7 +99,8 @@ def env(tmp_path_factory):
         del os.environ["RETOOL_TEST_SECRET"]
     port = listener.getsockname()[1]
     codes = {
-        name: code.replace("{port}", str(port)).replace("{outside}", str(outside)).replace("{trainer}", str(os.getpid()))
+        name: code.replace("{port}", str(port)).replace("{outside}", str(outside))
+                  .replace("{trainer}", str(os.getpid()))
         for name, code in CASES.items()
     }
 
@@ -381,9 +384,11 @@ def _resident_fraction(path: str) -> float:
 @pytest.mark.skipif(os.geteuid() != 0, reason="mincore reports a file it cannot write as cached (kernel >= 5.0)")
 def test_calls_cannot_evict_host_files_from_the_page_cache(env):
     evict = (
-        f"import mmap, os\nfd = os.open({VICTIM_FILE!r}, os.O_RDONLY)\nos.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)\n"
+        f"import mmap, os\nfd = os.open({VICTIM_FILE!r}, os.O_RDONLY)\n"
+        "os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)\n"
         "m = mmap.mmap(fd, 0, prot=mmap.PROT_READ)\n"
-        "for advice in (20, 21): m.madvise(advice)  # MADV_COLD, MADV_PAGEOUT\nm.close()\nos.close(fd)\nprint('evicted')"
+        "for advice in (20, 21): m.madvise(advice)  # MADV_COLD, MADV_PAGEOUT\n"
+        "m.close()\nos.close(fd)\nprint('evicted')"
     )
     with open(VICTIM_FILE, "rb") as f:
         f.read()
@@ -403,7 +408,8 @@ def test_calls_cannot_lock_host_files(env):
     """A call takes flock, POSIX and open-file-description locks on a host file and holds them; the host sees none."""
     lock = (
         f"import fcntl, struct, time\nf = open({VICTIM_FILE!r}, 'rb')\nfcntl.flock(f, fcntl.LOCK_EX)\n"
-        "fcntl.lockf(f, fcntl.LOCK_SH)\nfcntl.fcntl(f, fcntl.F_OFD_SETLK, struct.pack('@hhqqi4x', fcntl.F_RDLCK, 0, 0, 0, 0))\n"
+        "fcntl.lockf(f, fcntl.LOCK_SH)\n"
+        "fcntl.fcntl(f, fcntl.F_OFD_SETLK, struct.pack('@hhqqi4x', fcntl.F_RDLCK, 0, 0, 0, 0))\n"
         "print('locked', flush=True)\ntime.sleep(2)"
     )
 
@@ -435,7 +441,8 @@ def test_calls_cannot_route_signals_to_other_processes(env):
         "import ctypes, os, struct\nlibc = ctypes.CDLL(None, use_errno=True)\nr, w = os.pipe()\n"
         f"owner = struct.pack('ii', 1, {victim.pid})  # F_OWNER_PID\n"
         f"calls = [libc.fcntl(r, 8, {victim.pid}), libc.fcntl(r, 15, owner), libc.fcntl(r, 10, 9),\n"
-        "         libc.fcntl(r, 4, os.O_ASYNC | os.O_NONBLOCK), libc.fcntl(r, 1024, 0), libc.fcntl(r, 1026, 0x80000001)]\n"
+        "         libc.fcntl(r, 4, os.O_ASYNC | os.O_NONBLOCK), libc.fcntl(r, 1024, 0), "
+        "libc.fcntl(r, 1026, 0x80000001)]\n"
         "os.write(w, b'x')\nprint(calls)"
     )
     try:
@@ -479,8 +486,9 @@ def test_a_signal_the_code_sends_itself_is_its_own_death(env):
 
     async def main():
         sandbox = env["sandbox"]
-        singles = await asyncio.gather(*(sandbox.run(f"print('bye', flush=True)\nimport os\nos.kill(os.getpid(), {sig})",
-                                                     timeout=10) for sig in SELF_SIGNALS))
+        singles = await asyncio.gather(*(sandbox.run(f"print('bye', flush=True)\nimport os\n"
+                                                     f"os.kill(os.getpid(), {sig})", timeout=10)
+                                         for sig in SELF_SIGNALS))
         await sandbox.run("kept = 5", session="self-signal", timeout=10)
         cells = [await sandbox.run(f"kept = {sig}\nprint('bye', flush=True)\nimport os\nos.kill(0, {sig})",
                                    session="self-signal", timeout=10) for sig in SELF_SIGNALS]

@@ -17,7 +17,7 @@ import pytest
 
 from retool_env.sandbox import LocalSandbox
 from retool_env.sandbox.forkserver import probes
-from retool_env.sandbox.forkserver.start import PRELOAD, SCAN_LIMIT, lean_preload, needs_full
+from retool_env.sandbox.forkserver.config import PRELOAD, SCAN_LIMIT, lean_preload, needs_full
 
 pytestmark = pytest.mark.timeout(240)
 ROOT = os.geteuid() == 0
@@ -356,3 +356,16 @@ def test_the_zygote_drains_the_free_chunks_children_would_reuse():
     # The top chunk gives at most what the per-thread cache's step takes where that cache is empty (7 chunks of each
     # of its 64 sizes): the bins' chunks are drained 32 bytes at a time, and the drain stops at the top.
     assert report["top_after"] >= report["top_before"] - 7 * sum(range(16, 1040, 16)), report
+
+
+def test_the_server_module_does_not_import_its_entry_point():
+    """start.py forks the lean zygote before it imports the server (asyncio): the server reads its config and the
+    zygote choice from config.py, so the two modules form no import circle."""
+    import subprocess
+    import sys
+
+    code = ("import sys, retool_env.sandbox.forkserver.server\n"
+            "print('retool_env.sandbox.forkserver.start' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert out.stdout.strip() == "False"

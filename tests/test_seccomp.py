@@ -33,7 +33,8 @@ def test_syscall_numbers_match_the_kernel_headers():
 
 
 SNIPPETS = {
-    "sympy": "import sympy as sp\nx = sp.Symbol('x')\nprint(sp.solve(x**2 - 4, x), sp.integrate(sp.sin(x), (x, 0, sp.pi)))",
+    "sympy": "import sympy as sp\nx = sp.Symbol('x')\n"
+             "print(sp.solve(x**2 - 4, x), sp.integrate(sp.sin(x), (x, 0, sp.pi)))",
     "numpy": "import numpy as np\na = np.random.default_rng(0).random((50, 50))\n"
              "print(round(float(np.linalg.det(a @ a.T)) > 0), np.fft.fft(np.ones(4)).real.tolist())",
     "threads": "from concurrent.futures import ThreadPoolExecutor\n"
@@ -63,17 +64,20 @@ def test_what_math_code_needs_keeps_working(sandbox, name):
 REFUSED = {
     "x32 entry": "import ctypes\nprint(ctypes.CDLL(None, use_errno=True).syscall(0x40000000 | 39), ctypes.get_errno())",
     "clone into a user namespace": (
-        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nr = libc.syscall(56, 0x10000000 | 17, 0, 0, 0, 0)\n"
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "r = libc.syscall(56, 0x10000000 | 17, 0, 0, 0, 0)\n"
         "if r == 0: os._exit(0)\nprint(r, ctypes.get_errno())"
     ),
     "clone a process outside sessions": (
         "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nr = libc.syscall(56, 17, 0, 0, 0, 0)\n"
         "if r == 0: os._exit(0)\nprint(r, ctypes.get_errno())"
     ),
-    "socket": "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nprint(libc.socket(1, 1, 0), ctypes.get_errno())",
+    "socket": "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+              "print(libc.socket(1, 1, 0), ctypes.get_errno())",
     "inet socketpair": "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
                        "print(libc.socketpair(2, 1, 0, (ctypes.c_int * 2)()), ctypes.get_errno())",
-    "TIOCSTI": "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nprint(libc.ioctl(0, 0x5412, b'x'), ctypes.get_errno())",
+    "TIOCSTI": "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+               "print(libc.ioctl(0, 0x5412, b'x'), ctypes.get_errno())",
     "prctl PR_SET_DUMPABLE": "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
                              "print(libc.prctl(4, 1, 0, 0, 0), ctypes.get_errno())",
     "personality READ_IMPLIES_EXEC": "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
@@ -96,14 +100,16 @@ REFUSED = {
 
 # Succeed without running: the hints and locks that would reach a host file's shared state; what needs them still runs.
 INERT = {
-    "fadvise DONTNEED": "import os\nfd = os.open(os.__file__, os.O_RDONLY)\nos.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)",
+    "fadvise DONTNEED": "import os\nfd = os.open(os.__file__, os.O_RDONLY)\n"
+                        "os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)",
     "flock": "import fcntl, os\nfcntl.flock(open(os.__file__, 'rb'), fcntl.LOCK_EX | fcntl.LOCK_NB)",
     "fsync and msync": "import mmap, os\nfd = os.open('/tmp/f', os.O_RDWR | os.O_CREAT)\nos.write(fd, bytes(4096))\n"
                        "os.fsync(fd)\nos.fdatasync(fd)\nm = mmap.mmap(fd, 4096)\nm.flush()",
     "madvise PAGEOUT": "import mmap, os\nm = mmap.mmap(os.open(os.__file__, os.O_RDONLY), 0, prot=mmap.PROT_READ)\n"
                        "m.madvise(21)\nm.madvise(20)  # MADV_PAGEOUT, MADV_COLD",
     "sqlite on a file": "import sqlite3\ndb = sqlite3.connect('/tmp/x.db')\ndb.execute('create table t (x)')\n"
-                        "db.execute('insert into t values (6)')\ndb.commit()\nassert db.execute('select x * 7 from t').fetchone() == (42,)",
+                        "db.execute('insert into t values (6)')\ndb.commit()\n"
+                        "assert db.execute('select x * 7 from t').fetchone() == (42,)",
 }  # fmt: skip
 
 

@@ -1,4 +1,4 @@
-"""`ToolEnvironment.step` without the event loop's round trip (`retool_env.env._run_task`).
+"""`ToolEnvironment.step` without the event loop's round trip (`retool_env.internals.asyncio_loop.run_task`).
 
 A step runs `astep` as a task whose first step is taken at once: a step that awaits nothing still pending (a final
 answer, a sandbox that answers at once) ends there, and one that awaits (a real sandbox call) is finished by the loop.
@@ -17,8 +17,8 @@ import json
 import pytest
 
 from retool_env import Problem, ToolEnvironment
-from retool_env.env import _run_task
 from retool_env.formats import ParsedAction, ToolCall
+from retool_env.internals.asyncio_loop import run_task
 from retool_env.sandbox import ExecResult, Sandbox
 from retool_env.tokens import encode
 
@@ -76,7 +76,7 @@ def test_a_step_runs_as_a_task_whether_or_not_it_awaits(qwen_tok, wait, use_time
 
 
 def test_the_result_matches_run_until_complete(qwen_tok):
-    """Two environments, one stepping through `_run_task`, one through `run_until_complete`: the same episode."""
+    """Two environments, one stepping through `run_task`, one through `run_until_complete`: the same episode."""
     envs = [ToolEnvironment(qwen_tok, PROBLEMS, sandbox=AnsweringSandbox()) for _ in range(2)]
     envs[1]._run_blocking = lambda coro: envs[1]._loop.run_until_complete(coro)  # the code before
     envs[1]._loop = asyncio.new_event_loop()
@@ -115,8 +115,8 @@ def test_inside_a_running_loop_step_refuses_and_astep_works(qwen_tok):
     env.close()
 
 
-def test_run_task_leaves_other_work_to_the_loop():
-    """With callbacks ready, a timer due, or the loop in debug mode, `_run_task` is `run_until_complete`."""
+def testrun_task_leaves_other_work_to_the_loop():
+    """With callbacks ready, a timer due, or the loop in debug mode, `run_task` is `run_until_complete`."""
     loop = asyncio.new_event_loop()
     order = []
 
@@ -125,14 +125,14 @@ def test_run_task_leaves_other_work_to_the_loop():
         return 7
 
     loop.call_soon(order.append, "earlier")
-    assert _run_task(loop, work()) == 7 and order == ["earlier", "work"]  # in the order the loop runs them
-    assert _run_task(loop, work()) == 7 and order[-1] == "work"
+    assert run_task(loop, work()) == 7 and order == ["earlier", "work"]  # in the order the loop runs them
+    assert run_task(loop, work()) == 7 and order[-1] == "work"
     loop.call_later(0, order.append, "due")  # a timer that is due runs in the same step, as in the loop
     loop.call_later(3600, order.append, "later")  # one that is not does not hold the step up
-    assert _run_task(loop, work()) == 7 and order[-2:] == ["work", "due"]
-    assert _run_task(loop, work()) == 7 and "later" not in order
+    assert run_task(loop, work()) == 7 and order[-2:] == ["work", "due"]
+    assert run_task(loop, work()) == 7 and "later" not in order
     loop.set_debug(True)
-    assert _run_task(loop, work()) == 7
+    assert run_task(loop, work()) == 7
     loop.close()
 
 

@@ -17,7 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from retool_env import Problem, ToolEnvironment
-from retool_env.formats import parse_hermes_call, strip_code_fences, tool_call_blocks
+from retool_env.dialects import get_dialect
+from retool_env.dialects.base import MAX_CALLS
+from retool_env.formats import CODE_INTERPRETER_TOOL, strip_code_fences
 from retool_env.grading import DEFAULT_TIMEOUT, extract_answer, grade, grading_stats
 from retool_env.reasoning import split_reasoning
 from retool_env.tokens import clip_tokens, decode, encode, encode_text
@@ -215,13 +217,13 @@ def test_the_grader_stops_at_the_end_of_the_models_turn():
 # ------------------------------------------------------------------------------------- malformed, bounded
 @pytest.mark.parametrize(("block", "needle"), [
     ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
-    ('{"name": "code_interpreter", "arguments": ' + "{" * 50_000, "not valid JSON"),
+    ('{"name": "code_interpreter", "arguments": ' + "{" * 50_000, "nested too deeply"),
     ('{"name": "code_interpreter", "arguments": {"code": "x"}, "n": ' + "9" * 6000 + "}", "not valid JSON"),
-    ('{"name": "' + "x" * 10_000 + '", "arguments": {}}', "unknown tool"),
+    ('{"name": "' + "x" * 10_000 + '", "arguments": {}}', "unknown function"),
 ])
 def test_malformed_calls_are_informative_and_bounded(block, needle):
-    result = parse_hermes_call(block)
-    assert result.code is None and needle in result.error and len(result.error) < 400
+    (call,) = get_dialect("hermes").parse(f"<tool_call>{block}</tool_call>", [CODE_INTERPRETER_TOOL]).calls
+    assert not call.ok and needle in call.error and len(call.error) < 400
 
 
 def test_nested_json_in_a_call_is_an_observation_not_a_crash(tiny_tok):
@@ -232,13 +234,11 @@ def test_nested_json_in_a_call_is_an_observation_not_a_crash(tiny_tok):
 
 
 def test_hundreds_of_calls_in_one_turn_are_answered_with_one_error(tiny_tok):
-    from retool_env.formats import MAX_CALLS_PER_TURN
-
     env = make_env(tiny_tok)
     env.reset(options={"index": 0})
     *_, info = env.step(ids(tiny_tok, "<tool_call>{}</tool_call>" * 500))
     results = info["tool_results"]
-    assert len(results) == MAX_CALLS_PER_TURN + 1 and "468 more tool calls" in results[-1]["output"]
+    assert len(results) == MAX_CALLS + 1 and f"more than {MAX_CALLS} tool calls" in results[-1]["output"]
 
 
 def test_runs_of_dollars_are_rejected_unread():
@@ -254,7 +254,6 @@ def test_fences_and_blocks_read_as_before():
     assert strip_code_fences("  ```Py  \nx = 1\n\n  ```  \n") == "x = 1\n"
     assert strip_code_fences("```js\nx\n```") == "```js\nx\n```"
     assert strip_code_fences("\nprint(2)\n") == "print(2)"
-    assert tool_call_blocks("a<tool_call>1</tool_call>b<tool_call>2</tool_call><tool_call>3") == (["1", "2"], True)
 
 
 ADVERSARIAL = {  # shapes that were quadratic (or recursive) on the step path, as one action of about 4,000 tokens
@@ -314,7 +313,8 @@ def test_token_helpers_sit_below_chat_and_formats():
     import subprocess
     import sys
 
-    for module, below in (("chat", {"chat_render", "tokens"}), ("chat_render", {"tokens"})):
+    internals = {"internals", "internals.jinja_sandbox"}
+    for module, below in (("chat", {"chat_render", "tokens", *internals}), ("chat_render", {"tokens", *internals})):
         code = (f"import sys, retool_env.{module}; loaded = {{m for m in sys.modules if m.startswith('retool_env.')}}; "
                 f"assert loaded == {{'retool_env.{module}', *{sorted('retool_env.' + m for m in below)}}}, loaded")
         subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

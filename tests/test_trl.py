@@ -300,7 +300,8 @@ def test_the_last_token_tells_trl_what_the_environment_decided(policy):
     _, tokenizer = policy
     ends = trl_end_tokens(trainer_like(None, tokenizer))
     im_end, endoftext = (tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>"))
-    assert ends.end_ids == {tokenizer.eos_token_id, tokenizer.pad_token_id} and tokenizer.decode([ends.marker_id]) == "\n"
+    assert ends.end_ids == {tokenizer.eos_token_id, tokenizer.pad_token_id}
+    assert tokenizer.decode([ends.marker_id]) == "\n"
 
     def closing(ends, last, truncated):
         return ends.closing(Trajectory(prompt_ids=[1], completion_ids=[5, last], truncated=truncated))
@@ -401,7 +402,8 @@ def test_sign_safe_shaping_lifts_correct_rewards_of_each_group(problems):
                     scripted(False, reward=-1.0), scripted(True, reward=0.7), scripted(True, reward=0.9)]
     batch = [a] * 4 + [b] * 2
     rewards = ReToolRollout(problems, sign_safe_shaping=True).training_plan(trajectories, batch).rewards
-    assert rewards[:2] == [1.0, 1.0] and rewards[2] == pytest.approx(0.5, abs=1e-5) and rewards[2] > 0.5 and rewards[3] == -1.0
+    assert rewards[:2] == [1.0, 1.0] and rewards[2] == pytest.approx(0.5, abs=1e-5) and rewards[2] > 0.5
+    assert rewards[3] == -1.0
     assert rewards[4:] == [0.9, 0.9]  # all right: no shaping within the group
     assert ReToolRollout(problems).training_plan(trajectories, batch).rewards == [t.reward for t in trajectories]
 

@@ -117,7 +117,8 @@ def main(env_args: EnvArguments, training_args, model_args) -> None:
 def main_async(env_args: EnvArguments, training_args, model_args) -> None:
     """GRPO with generation decoupled from training: `ReToolRolloutWorker` plays episodes against the vLLM server
     the trainer pushes its weights to, tagging every turn with the policy version that wrote it; the trainer drops
-    samples more than `max_staleness` versions old. Needs CUDA (AsyncGRPOTrainer's packed attention is FlashAttention-3)."""
+    samples more than `max_staleness` versions old. Needs CUDA (AsyncGRPOTrainer's packed attention is
+    FlashAttention-3)."""
     from transformers import AutoTokenizer
     from trl.experimental.async_grpo import AsyncGRPOTrainer
 
@@ -133,7 +134,8 @@ def main_async(env_args: EnvArguments, training_args, model_args) -> None:
     env_config = EnvConfig.from_settings(
         env_args, max_completion_tokens=env_args.max_completion_tokens or training_args.max_completion_length)
     worker = ReToolRolloutWorker(
-        problems, tokenizer, OpenAICompletionsGenerator(training_args.vllm_server_base_url, model_args.model_name_or_path),
+        problems, tokenizer,
+        OpenAICompletionsGenerator(training_args.vllm_server_base_url, model_args.model_name_or_path),
         num_generations=training_args.num_generations, sampling=sampling_from_config(training_args),
         max_inflight_groups=max(1, env_args.concurrency // training_args.num_generations),
         max_staleness=training_args.max_staleness, episode_timeout=env_args.episode_timeout,
@@ -171,7 +173,8 @@ def make_parser(asynchronous: bool = False):
         types = (EnvArguments, GRPOConfig, ModelConfig)
     return ScriptParser(types, own=(EnvArguments,), default_config=TINY_CPU_CONFIG, prog="grpo_trl.py",
                         description="GRPO with a Python interpreter in the loop: TRL's GRPOTrainer (AsyncGRPOTrainer "
-                        "with --async), every episode played by ReTool-Env. Without --config: the offline CPU smoke run.")
+                        "with --async), every episode played by ReTool-Env. Without --config: the offline CPU "
+                        "smoke run.")
 
 
 if __name__ == "__main__":

@@ -75,7 +75,8 @@ class TurnGenerator(abc.ABC):
 
 
 class LogprobsMismatchError(RuntimeError):
-    """The backend returned no logprobs, or not exactly one per token: the episode must be aborted, never zero-filled."""
+    """The backend returned no logprobs, or not exactly one per token: the episode must be aborted, never
+    zero-filled."""
 
 
 class ThreadBatcher(Generic[Request, Result]):

@@ -228,7 +228,8 @@ class ReToolRolloutWorker:
     async def _play_group(self, problem: Problem, group_id: int) -> None:
         trajectories = await run_episodes(
             [problem], self._make_env, self.generator, n_per_problem=self.num_generations,
-            concurrency=self.num_generations, sampling=self.group_sampling(group_id), episode_timeout=self.episode_timeout,
+            concurrency=self.num_generations, sampling=self.group_sampling(group_id),
+            episode_timeout=self.episode_timeout,
             require_logprobs=True, partial_rollout=self.partial_rollout, progress=False,
         )
         plan = self.training_plan(trajectories, group_id)
@@ -340,7 +341,8 @@ class ReToolRolloutWorker:
                 model_version=min(versions, default=self.model_version),  # its stalest tokens
                 group_id=group_id,
                 metrics={"reward": float(traj.reward or 0.0), "reward_std": reward_std,
-                         "rewards/env_reward": float(traj.reward or 0.0), "rewards/correctness": float(bool(traj.correct)),
+                         "rewards/env_reward": float(traj.reward or 0.0),
+                         "rewards/correctness": float(bool(traj.correct)),
                          "retool/policy_versions_per_episode": float(len(set(versions)))},
             ))
         return samples

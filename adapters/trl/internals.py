@@ -29,7 +29,8 @@ def log_metric(trainer: Any, name: str, value: float) -> None:
 
 def engine_weights_asleep(vllm_generation: Any) -> bool:
     """Whether sleep level 2 dropped the colocated engine's weights (`VLLMGeneration._llm_weights_sleeping`), so they
-    must be pushed again before it generates; True where TRL no longer says, which costs a push, never a stale policy."""
+    must be pushed again before it generates; True where TRL no longer says, which costs a push, never a stale
+    policy."""
     return bool(getattr(vllm_generation, "_llm_weights_sleeping", True))
 
 

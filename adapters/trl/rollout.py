@@ -439,9 +439,9 @@ def _colocated_engine(trainer: Any) -> Iterator[Any]:
     """The trainer's in-process `vllm.LLM`, awake for the rollout and put back to sleep after, as TRL does."""
     vllm_generation = trainer.vllm_generation
     if vllm_generation.tensor_parallel_size > 1:
-        raise NotImplementedError("vllm_tensor_parallel_size > 1 in colocate mode needs every rank of a tensor-parallel "
-                                  "group to submit identical batches, which multi-turn episodes do not; use "
-                                  "vllm_mode='server' for models that need tensor parallelism")
+        raise NotImplementedError("vllm_tensor_parallel_size > 1 in colocate mode needs every rank of a "
+                                  "tensor-parallel group to submit identical batches, which multi-turn episodes do "
+                                  "not; use vllm_mode='server' for models that need tensor parallelism")
     llm = vllm_generation.llm
     if not vllm_generation.enable_sleep_mode:
         yield llm
@@ -536,7 +536,8 @@ def log_sandbox_metrics(trainer: Any, sandbox: Any) -> None:
 def env_reward(completions: list, env_reward: list[float | None] | None = None, **kwargs: Any) -> list[float | None]:
     """The environment's reward for each episode, as GRPO's reward; None (no advantage) for a failed episode."""
     if env_reward is None:
-        raise ValueError("env_reward reads the `env_reward` field of ReToolRollout; pass rollout_func=ReToolRollout(...)")
+        raise ValueError("env_reward reads the `env_reward` field of ReToolRollout; pass "
+                         "rollout_func=ReToolRollout(...)")
     return [None if r is None or math.isnan(r) else float(r) for r in env_reward]
 
 

@@ -110,7 +110,8 @@ def load_problems(source: str | os.PathLike[str], split: str | None = None, limi
         rows, hint = hub_rows(known, split), _source_from_text(name) or name
     else:
         raise FileNotFoundError(f"{name!r} is not a file, a folder, or a known dataset "
-                                f"({', '.join(['arith', *PACKAGED_DATASETS, *HUB_DATASETS])}, or a Hub id like 'owner/name')")
+                                f"({', '.join(['arith', *PACKAGED_DATASETS, *HUB_DATASETS])}, "
+                                "or a Hub id like 'owner/name')")
     return _to_problems(rows, hint, limit, repair_control_chars)
 
 

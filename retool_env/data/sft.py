@@ -22,7 +22,7 @@ from typing import Any, Literal, cast
 
 from retool_env.data.loaders import HubDataset, hub_rows, local_rows, question_id
 from retool_env.data.text import strip_retool_template
-from retool_env.formats import HermesFormat, ReToolFormat, format_class, strip_code_fences
+from retool_env.formats import DialectFormat, ReToolFormat, format_class, strip_code_fences
 
 SegmentKind = Literal["text", "code", "interpreter", "answer"]
 RETOOL_SFT = HubDataset("ReTool-SFT", "JoeYing/ReTool-SFT", "train", local_name="train_2000.parquet")
@@ -150,8 +150,8 @@ def to_retool(example: SFTExample, prompt: str | None = None) -> dict[str, Any]:
 
 def to_hermes(example: SFTExample, prompt: str | None = None) -> dict[str, Any]:
     """OpenAI-style tool-calling messages (verl's layout) with `trainable` per message: assistant turns only
-    (`HermesFormat.sft_conversation`)."""
-    return HermesFormat.sft_conversation(example.segments, prompt or example.question)
+    (`DialectFormat.sft_conversation`)."""
+    return DialectFormat.sft_conversation(example.segments, prompt or example.question)
 
 
 def render_sft(example: SFTExample, tool_format: str = "retool", prompt: str | None = None) -> dict[str, Any]:

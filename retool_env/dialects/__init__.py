@@ -1,10 +1,11 @@
 """Tool-call dialects: how each model family writes tool calls, read back from a turn's text.
 
-One module per dialect, named as vLLM's `--tool-call-parser` names it (`atem` excepted: vLLM has none). Every
-dialect parses a turn into `ParsedCall`s typed by the tools' JSON Schemas (`Dialect.parse`), writes calls as its
-family's template renders them (`Dialect.call_text`), and says what stops a turn of calls (`stop_strings`).
-`detect_dialect` picks the dialect a chat template teaches; `tool_system_prompt` writes the tool schemas and the
-call format for templates that do not render `tools` themselves (`renders_tools`).
+One module per dialect, named as vLLM's `--tool-call-parser` names it (`atem` excepted: vLLM has none), which
+registers it (`Dialect.register`); importing this package imports them all. Every dialect parses a turn into
+`ParsedCall`s typed by the tools' JSON Schemas (`Dialect.parse`), writes calls as its family's template renders them
+(`Dialect.call_text`), and says what stops a turn of calls (`stop_strings`). `detect_dialect` picks the dialect a
+chat template teaches, by each dialect's `markers`; `tool_system_prompt` writes the tool schemas and the call format
+for templates that do not render `tools` themselves (`renders_tools`).
 
     >>> from retool_env.dialects import get_dialect
     >>> turn = get_dialect("qwen3_coder").parse("<tool_call>\\n<function=f>\\n<parameter=n>\\n7\\n</parameter>\\n"
@@ -16,56 +17,30 @@ call format for templates that do not render `tools` themselves (`renders_tools`
 from __future__ import annotations
 
 import functools
+import importlib
 import json
+import pkgutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from retool_env.dialects.atem import Atem
-from retool_env.dialects.base import Dialect, FunctionCall, ParsedCall, ParsedTurn, example_call, tool_functions
-from retool_env.dialects.deepseek_v3 import DeepSeekV3
-from retool_env.dialects.deepseek_v31 import DeepSeekV31
-from retool_env.dialects.gemma4 import Gemma4
-from retool_env.dialects.glm45 import Glm45
-from retool_env.dialects.hermes import Hermes
-from retool_env.dialects.kimi_k2 import KimiK2
-from retool_env.dialects.lfm2 import Lfm2
-from retool_env.dialects.llama3_json import Llama3Json
-from retool_env.dialects.mistral import Mistral
-from retool_env.dialects.openai import OpenAIHarmony
-from retool_env.dialects.pythonic import Pythonic
-from retool_env.dialects.qwen3_coder import Qwen3Coder
+from retool_env.dialects.base import (
+    ALIASES,
+    DIALECTS,
+    Dialect,
+    FunctionCall,
+    ParsedCall,
+    ParsedTurn,
+    example_call,
+    tool_functions,
+)
 
-__all__ = ["DIALECTS", "CallShape", "Dialect", "FunctionCall", "ParsedCall", "ParsedTurn", "detect_dialect",
-           "get_dialect", "renders_tool_calls", "renders_tools", "tool_call_shape", "tool_system_prompt"]
+__all__ = ["ALIASES", "DIALECTS", "CallShape", "Dialect", "FunctionCall", "ParsedCall", "ParsedTurn",
+           "detect_dialect", "get_dialect", "renders_tool_calls", "renders_tools", "tool_call_shape",
+           "tool_system_prompt"]
 
-DIALECTS: dict[str, Dialect] = {d.name: d for d in (
-    Hermes(), Qwen3Coder(), OpenAIHarmony(), Llama3Json(), Glm45(), DeepSeekV3(), DeepSeekV31(), KimiK2(),
-    Mistral(), Lfm2(), Pythonic(), Gemma4(), Atem())}
-ALIASES = {"qwen3_xml": "qwen3_coder", "gpt_oss": "openai", "harmony": "openai", "glm4_moe": "glm45",
-           "muse_glimmer": "atem"}
-
-# What each dialect's template writes and no other's does, in the order checked (a template that teaches the XML
-# form also says `<tool_call>`, so the hermes marker comes after the qwen3_coder and glm45 ones).
-_MARKERS: list[tuple[str, tuple[str, ...]]] = [
-    ("gemma4", ("<|tool_call>call:",)),
-    ("atem", ("<atem:function_calls>",)),
-    ("openai", ("<|start|>assistant to=", "<|channel|>")),
-    ("kimi_k2", ("<|tool_calls_section_begin|>",)),
-    ("deepseek_v3", ("tool▁sep｜>' + tool['function']['name'] + '\\n' + '```json",)),
-    ("deepseek_v3", ("<｜tool▁sep｜>' + tool['function']['name']",)),
-    ("deepseek_v31", ("<｜tool▁sep｜>' + tool['function']['arguments']",)),
-    ("deepseek_v31", ("<｜tool▁calls▁begin｜>",)),
-    ("qwen3_coder", ("<function=", "<parameter=")),
-    ("glm45", ("<arg_key>",)),
-    ("lfm2", ("<|tool_call_start|>",)),
-    ("lfm2", ("<|tool_list_start|>",)),
-    ("mistral", ("[TOOL_CALLS]",)),
-    ("pythonic", ("<|python_start|>",)),
-    ("llama3_json", ('"parameters": ',)),
-    ("llama3_json", ("<|python_tag|>",)),
-    ("hermes", ("<tool_call>",)),
-]
+for _module in pkgutil.iter_modules(__path__):  # every module here but base.py registers its dialect
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 
 def get_dialect(name: str) -> Dialect:
@@ -76,12 +51,27 @@ def get_dialect(name: str) -> Dialect:
     return dialect
 
 
+def detection_order() -> list[Dialect]:
+    """The dialects in the order `detect_dialect` tries their markers: each after those it names in
+    `detect_after` (whose templates write its markers too), else in the order they registered."""
+    placed: dict[str, Dialect] = {}
+    waiting = list(DIALECTS.values())
+    while waiting:
+        ready = next((d for d in waiting if all(n in placed or n not in DIALECTS for n in d.detect_after)), None)
+        if ready is None:
+            raise ValueError(f"the dialects' detect_after form a loop: {[d.name for d in waiting]}")
+        placed[ready.name] = ready
+        waiting.remove(ready)
+    return list(placed.values())
+
+
 def detect_dialect(chat_template: str) -> str:
     """The dialect a chat template renders tool calls in (for `tool_format="auto"`), read from the call syntax
-    the template writes; raises when it writes none (then name a dialect, and see `tool_system_prompt`)."""
-    for name, markers in _MARKERS:
-        if all(marker in chat_template for marker in markers):
-            return name
+    the template writes (each dialect's `markers`); raises when it writes none (then name a dialect, and see
+    `tool_system_prompt`)."""
+    for dialect in detection_order():
+        if any(all(marker in chat_template for marker in group) for group in dialect.markers):
+            return dialect.name
     raise ValueError("the chat template writes no tool-call syntax this package knows (it may not support tool "
                      f"calls); name a dialect explicitly, one of {sorted(DIALECTS)}")
 

@@ -13,10 +13,9 @@ reasoning, messages to `user` the content. No vLLM parser exists; the name is th
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 
-from retool_env.dialects.base import MAX_CALLS, Dialect, FunctionCall, RawCall, Scan, find_blocks
+from retool_env.dialects.base import MAX_CALLS, Dialect, FunctionCall, RawCall, Scan, scan_blocks, value_text
 
 BLOCK_START, BLOCK_END = "<atem:function_calls>", "</atem:function_calls>"
 INVOKE, INVOKE_END = '<atem:invoke name="', "</atem:invoke>"
@@ -56,6 +55,8 @@ def read_atem_block(body: str) -> list[RawCall]:
 
 class Atem(Dialect):
     name = "atem"
+    markers = (("<atem:function_calls>",),)
+    aliases = ("muse_glimmer",)
     end_tokens = ("<|eot|>", "<|eom|>")
     think_tags = False  # reasoning is a message to `self`
 
@@ -87,23 +88,22 @@ class Atem(Dialect):
             body = body[:cut]
             if "to=self" in header:
                 continue
-            for before, block, closed in find_blocks(body, BLOCK_START, BLOCK_END):
-                if "to=" not in header or "to=user" in header:
-                    scan.content.append(before)
-                if block is None:
-                    break
-                if not closed:
-                    scan.unfinished = True
-                    break
-                scan.calls.extend(read_atem_block(block))
+            blocks = scan_blocks(body, BLOCK_START, BLOCK_END, read_atem_block)
+            if "to=" not in header or "to=user" in header:
+                scan.content += blocks.content
+            scan.calls += blocks.calls
+            scan.unfinished = scan.unfinished or blocks.unfinished
         return scan
 
     def call_text(self, calls: Sequence[FunctionCall]) -> str:
         messages = []
         for call in calls:
             parameters = "".join(f'{PARAMETER}{key}">'
-                                 f'{value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)}'
+                                 f'{value_text(value)}'
                                  f'{PARAMETER_END}\n' for key, value in call.arguments.items())
             messages.append(f"<|start|>assistant to={call.name}<|message|>{BLOCK_START}\n{INVOKE}{call.name}\">\n"
                             f"{parameters}{INVOKE_END}\n{BLOCK_END}")
         return "<|eom|>".join(messages)
+
+
+Atem.register()

@@ -177,20 +177,28 @@ def _describe_json_error(exc: json.JSONDecodeError) -> str:
     return f"{exc.msg} at line {exc.lineno} column {exc.colno}"
 
 
+def json_error(exc: ValueError) -> str:
+    """What a failed JSON decode says: its error and column, or the limit it ran into (an integer over Python's
+    digit limit raises a plain ValueError)."""
+    return f"{exc.msg} at column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else str(exc)[:120]
+
+
 def loads_json(text: str) -> tuple[Any, str | None]:
     """Decode JSON of bounded nesting; raw newlines inside strings are repaired only when plain decoding fails, so
-    valid JSON is never altered. Returns (value, None) or (None, what is wrong)."""
+    valid JSON is never altered. Returns (value, None) or (None, what is wrong, to follow "... is")."""
     if not json_depth_ok(text):
-        return None, f"the arguments nest deeper than {MAX_DEPTH} levels"
+        return None, f"nested too deeply (over {MAX_DEPTH} levels)"
     try:
         return json.loads(text), None
     except json.JSONDecodeError as exc:
         try:
             return json.loads(escape_raw_control_chars(text)), None
-        except json.JSONDecodeError:
+        except ValueError:
             return None, f"not valid JSON ({_describe_json_error(exc)})"
+    except ValueError as exc:  # a number json cannot hold, e.g. an integer over Python's digit limit
+        return None, f"not valid JSON ({exc})"
     except RecursionError:  # unreachable below MAX_DEPTH; kept so a hostile input cannot crash a step
-        return None, "the arguments nest too deep"
+        return None, "nested too deeply"
 
 
 def loads_literal(text: str) -> tuple[Any, str | None]:
@@ -200,7 +208,7 @@ def loads_literal(text: str) -> tuple[Any, str | None]:
         return None, f"the value nests deeper than {MAX_DEPTH} levels"
     try:
         return json.loads(text), None
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # JSONDecodeError, or a number json cannot hold
         pass
     try:
         value = ast.literal_eval(_SetsAsLists().visit(ast.parse(escape_raw_control_chars(text), mode="eval")))
@@ -292,6 +300,11 @@ def scan_blocks(text: str, start: str, end: str, read: Callable[[str], list[RawC
         if len(scan.calls) > MAX_CALLS:
             break
     return scan
+
+
+def value_text(value: Any) -> str:
+    """A parameter's value as the XML-style templates write it: a string as it is, anything else as JSON."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
 def read_json_call(body: str, name_keys: tuple[str, ...] = ("name",),
@@ -445,16 +458,33 @@ class Dialect(ABC):
     mapping; `end_tokens` the family's end-of-turn tokens, which `parse` drops from the end of a turn;
     `call_blocks` the (opener, closer) of its call blocks (None: the block runs to the end of the text), inside
     which a `</think>` is the call's text, never the end of the reasoning; `think_tags` whether the family marks
-    reasoning with `<think>` tags at all (harmony-style families use channels)."""
+    reasoning with `<think>` tags at all (harmony-style families use channels); `calls_as_text` whether the family's
+    templates render a call turn's text verbatim as content, results after it, so the environment gives the turn
+    back to the template as the model wrote it rather than as `tool_calls` (Qwen's hermes templates).
+
+    For `tool_format="auto"`: `markers` are the template texts that show it writes calls this way (a template
+    matches a group when it holds all of that group's strings), checked after the dialects named in
+    `detect_after`, whose templates write these markers too. `aliases` are other names vLLM uses for it. A dialect's
+    module ends with `TheDialect.register()`."""
 
     name: ClassVar[str]
+    markers: ClassVar[tuple[tuple[str, ...], ...]] = ()
+    detect_after: ClassVar[tuple[str, ...]] = ()
+    aliases: ClassVar[tuple[str, ...]] = ()
     stop_strings: ClassVar[tuple[str, ...]] = ()
     end_tokens: ClassVar[tuple[str, ...]] = ()
     multiple_calls: ClassVar[bool] = True
     arguments_as_string: ClassVar[bool] = False
     call_blocks: ClassVar[CallBlocks] = ()
     think_tags: ClassVar[bool] = True
+    calls_as_text: ClassVar[bool] = False
     whole_turn_call: ClassVar[tuple[str, ...]] = ()  # a turn that starts with one of these is all one call
+
+    @classmethod
+    def register(cls) -> None:
+        """Make this dialect a `tool_format` (and `get_dialect`) name, with its aliases."""
+        DIALECTS[cls.name] = cls()
+        ALIASES.update(dict.fromkeys(cls.aliases, cls.name))
 
     def split_reasoning(self, text: str, opened: bool = False) -> tuple[str, str]:
         """(reasoning, content) of a turn (`retool_env.reasoning`): reasoning ends only at the model's own
@@ -493,7 +523,8 @@ class Dialect(ABC):
             return ParsedCall(raw.name, raw.arguments)
         if raw.name not in functions:
             known = ", ".join(repr(n) for n in functions) or "none"
-            return ParsedCall(raw.name, None, f"unknown function {raw.name!r}; the functions are: {known}.")
+            shown = repr(raw.name) if len(raw.name) <= 80 else repr(raw.name[:77]) + "..."  # the model's own text
+            return ParsedCall(raw.name, None, f"unknown function {shown}; the functions are: {known}.")
         typed, error = type_arguments(raw.name, raw.arguments, functions[raw.name], raw.text_valued)
         if error is not None:
             return ParsedCall(raw.name, None, self.fault(error, tools))
@@ -522,6 +553,11 @@ class Dialect(ABC):
             tool_calls.append({"type": "function", "id": f"call_{index}",
                                "function": {"name": call.name, "arguments": arguments}})
         return {"role": "assistant", "content": content, "tool_calls": tool_calls}
+
+
+DIALECTS: dict[str, Dialect] = {}
+"""Every dialect by its name, each put there by its own module (`Dialect.register`)."""
+ALIASES: dict[str, str] = {}  # other names vLLM uses -> the dialect's name
 
 
 def example_call(tools: Sequence[dict[str, Any]] | None) -> FunctionCall:

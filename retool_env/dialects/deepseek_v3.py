@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from retool_env.dialects.base import MAX_CALLS, Dialect, FunctionCall, RawCall, Scan, arguments_object, find_blocks
+from retool_env.dialects.base import Dialect, FunctionCall, RawCall, Scan, arguments_object, scan_blocks
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
@@ -22,6 +22,8 @@ CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁en
 
 class DeepSeekV3(Dialect):
     name = "deepseek_v3"
+    markers = (("tool▁sep｜>' + tool['function']['name'] + '\\n' + '```json",),
+               ("<｜tool▁sep｜>' + tool['function']['name']",))
     end_tokens = ("<｜end▁of▁sentence｜>",)
     arguments_as_string = True
     call_blocks = ((CALLS_BEGIN, CALLS_END), (CALL_BEGIN, CALL_END))
@@ -35,15 +37,8 @@ class DeepSeekV3(Dialect):
             section, _, after = text[opened + len(CALLS_BEGIN):].partition(CALLS_END)
             content += after
         scan.content.append(content)
-        for _, body, closed in find_blocks(section, CALL_BEGIN, CALL_END):
-            if body is None:
-                break
-            if not closed:
-                scan.unfinished = True
-                break
-            scan.calls.append(self.read_call(body))
-            if len(scan.calls) > MAX_CALLS:
-                break
+        calls = scan_blocks(section, CALL_BEGIN, CALL_END, lambda body: [self.read_call(body)])
+        scan.calls, scan.unfinished = calls.calls, calls.unfinished
         return scan
 
     def read_call(self, body: str) -> RawCall:
@@ -60,3 +55,6 @@ class DeepSeekV3(Dialect):
         body = "\n".join(f"{CALL_BEGIN}function{SEP}{call.name}\n```json\n"
                          f"{json.dumps(call.arguments, ensure_ascii=False)}\n```{CALL_END}" for call in calls)
         return f"{CALLS_BEGIN}{body}{CALLS_END}"
+
+
+DeepSeekV3.register()

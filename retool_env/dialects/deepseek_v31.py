@@ -1,6 +1,9 @@
 """deepseek_v31: DeepSeek-V3.1 and later, `NAME<｜tool▁sep｜>{json}` inside the same tool-calls section as V3.
 
-    <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>code_interpreter<｜tool▁sep｜>{"code": "print(6 * 7)"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>
+    <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>code_interpreter<｜tool▁sep｜>{"code": "print(6 * 7)"}
+    <｜tool▁call▁end｜><｜tool▁calls▁end｜>
+
+(one line, wrapped here).
 
 vLLM: `--tool-call-parser deepseek_v31`.
 """
@@ -16,6 +19,8 @@ from retool_env.dialects.deepseek_v3 import CALL_BEGIN, CALL_END, CALLS_BEGIN, C
 
 class DeepSeekV31(DeepSeekV3):
     name = "deepseek_v31"
+    markers = (("<｜tool▁sep｜>' + tool['function']['arguments']",), ("<｜tool▁calls▁begin｜>",))
+    detect_after = ("deepseek_v3",)
 
     def read_call(self, body: str) -> RawCall:
         name, sep, arguments = body.partition(SEP)
@@ -27,3 +32,6 @@ class DeepSeekV31(DeepSeekV3):
         body = "".join(f"{CALL_BEGIN}{call.name}{SEP}{json.dumps(call.arguments, ensure_ascii=False)}{CALL_END}"
                        for call in calls)
         return f"{CALLS_BEGIN}{body}{CALLS_END}"
+
+
+DeepSeekV31.register()

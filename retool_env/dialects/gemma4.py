@@ -78,6 +78,7 @@ def gemma_value(value: object) -> str:
 
 class Gemma4(Dialect):
     name = "gemma4"
+    markers = (("<|tool_call>call:",),)
     end_tokens = ("<turn|>",)
     stop_strings = ("<|tool_response>",)
     call_blocks = ((CALL_START, CALL_END),)
@@ -89,3 +90,6 @@ class Gemma4(Dialect):
         return "".join(f"{CALL_START}call:{call.name}{{"
                        + ",".join(f"{key}:{gemma_value(value)}" for key, value in sorted(call.arguments.items()))
                        + f"}}{CALL_END}" for call in calls)
+
+
+Gemma4.register()

@@ -11,10 +11,9 @@ results go in an `<|observation|>` turn. vLLM: `--tool-call-parser glm45`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 
-from retool_env.dialects.base import Dialect, FunctionCall, RawCall, Scan, find_blocks, scan_blocks
+from retool_env.dialects.base import Dialect, FunctionCall, RawCall, Scan, find_blocks, scan_blocks, value_text
 
 
 def read_glm_call(body: str) -> list[RawCall]:
@@ -42,6 +41,8 @@ def read_glm_call(body: str) -> list[RawCall]:
 
 class Glm45(Dialect):
     name = "glm45"
+    markers = (("<arg_key>",),)
+    aliases = ("glm4_moe",)
     end_tokens = ("<|user|>", "<|endoftext|>")
     stop_strings = ("<|observation|>",)
     call_blocks = (("<tool_call>", "</tool_call>"),)
@@ -53,7 +54,10 @@ class Glm45(Dialect):
         blocks = []
         for call in calls:
             pairs = "".join(f"<arg_key>{key}</arg_key>\n<arg_value>"
-                            f"{value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)}"
+                            f"{value_text(value)}"
                             f"</arg_value>\n" for key, value in call.arguments.items())
             blocks.append(f"<tool_call>{call.name}\n{pairs}</tool_call>")
         return "\n".join(blocks)
+
+
+Glm45.register()

@@ -16,6 +16,9 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
 class Hermes(Dialect):
     name = "hermes"
+    markers = (("<tool_call>",),)
+    detect_after = ("qwen3_coder", "glm45")
+    calls_as_text = True
     end_tokens = ("<|im_end|>", "<|endoftext|>")
     call_blocks = (("<tool_call>", "</tool_call>"),)
 
@@ -31,3 +34,6 @@ class Hermes(Dialect):
     def call_text(self, calls: Sequence[FunctionCall]) -> str:
         return "\n".join(f'<tool_call>\n{{"name": "{call.name}", "arguments": '
                          f'{json.dumps(call.arguments, ensure_ascii=False)}}}\n</tool_call>' for call in calls)
+
+
+Hermes.register()

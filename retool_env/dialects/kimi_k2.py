@@ -1,6 +1,9 @@
 """kimi_k2: Kimi K2, calls with an id `functions.NAME:INDEX` inside a tool-calls section.
 
-    <|tool_calls_section_begin|><|tool_call_begin|>functions.code_interpreter:0<|tool_call_argument_begin|>{"code": "print(6 * 7)"}<|tool_call_end|><|tool_calls_section_end|>
+    <|tool_calls_section_begin|><|tool_call_begin|>functions.code_interpreter:0<|tool_call_argument_begin|>
+    {"code": "print(6 * 7)"}<|tool_call_end|><|tool_calls_section_end|>
+
+(one line, wrapped here).
 
 vLLM: `--tool-call-parser kimi_k2`.
 """
@@ -10,7 +13,16 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from retool_env.dialects.base import MAX_CALLS, Dialect, FunctionCall, RawCall, Scan, arguments_object, find_blocks
+from retool_env.dialects.base import (
+    MAX_CALLS,
+    Dialect,
+    FunctionCall,
+    RawCall,
+    Scan,
+    arguments_object,
+    find_blocks,
+    scan_blocks,
+)
 
 SECTION_BEGIN, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
 CALL_BEGIN, ARGUMENTS, CALL_END = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"
@@ -28,6 +40,7 @@ def read_kimi_call(body: str) -> RawCall:
 
 class KimiK2(Dialect):
     name = "kimi_k2"
+    markers = (("<|tool_calls_section_begin|>",),)
     end_tokens = ("<|im_end|>",)
     call_blocks = ((SECTION_BEGIN, SECTION_END), (CALL_BEGIN, CALL_END))
 
@@ -37,15 +50,11 @@ class KimiK2(Dialect):
             scan.content.append(before)
             if section is None:
                 break
-            for _, body, call_closed in find_blocks(section, CALL_BEGIN, CALL_END):
-                if body is None:
-                    break
-                if not call_closed:
-                    scan.unfinished = True
-                    break
-                scan.calls.append(read_kimi_call(body))
-                if len(scan.calls) > MAX_CALLS:
-                    return scan
+            calls = scan_blocks(section, CALL_BEGIN, CALL_END, lambda body: [read_kimi_call(body)])
+            scan.calls += calls.calls
+            scan.unfinished = scan.unfinished or calls.unfinished
+            if len(scan.calls) > MAX_CALLS:
+                return scan
             if not closed:  # an open section ends the turn: its calls count, and more may have been cut off
                 scan.unfinished = scan.unfinished or not section.rstrip().endswith(CALL_END)
                 break
@@ -53,5 +62,9 @@ class KimiK2(Dialect):
 
     def call_text(self, calls: Sequence[FunctionCall]) -> str:
         body = "".join(f"{CALL_BEGIN}functions.{call.name}:{index}{ARGUMENTS}"
-                       f"{json.dumps(call.arguments, ensure_ascii=False)}{CALL_END}" for index, call in enumerate(calls))
+                       f"{json.dumps(call.arguments, ensure_ascii=False)}{CALL_END}"
+                       for index, call in enumerate(calls))
         return f"{SECTION_BEGIN}{body}{SECTION_END}"
+
+
+KimiK2.register()

@@ -126,6 +126,7 @@ def read_lfm2_calls(body: str) -> list[RawCall]:
 
 class Lfm2(Dialect):
     name = "lfm2"
+    markers = (("<|tool_call_start|>",), ("<|tool_list_start|>",))
     end_tokens = ("<|im_end|>",)
     call_blocks = ((CALL_START, CALL_END),)
 
@@ -141,3 +142,6 @@ class Lfm2(Dialect):
 
     def call_text(self, calls: Sequence[FunctionCall]) -> str:
         return f"{CALL_START}{python_call_list(calls)}{CALL_END}"
+
+
+Lfm2.register()

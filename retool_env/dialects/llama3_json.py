@@ -19,6 +19,7 @@ from retool_env.dialects.base import (
     Scan,
     bracket_end,
     json_depth_ok,
+    json_error,
     named_arguments,
 )
 
@@ -34,8 +35,8 @@ def read_json_sequence(text: str, separator: str = ";") -> list[RawCall]:
     while position < len(text):
         try:
             call, end = _DECODER.raw_decode(text, position)
-        except json.JSONDecodeError as exc:
-            return [*calls, RawCall(None, error=f"the tool call is not valid JSON ({exc.msg} at column {exc.colno})")]
+        except ValueError as exc:  # JSONDecodeError, or a number json cannot hold
+            return [*calls, RawCall(None, error=f"the tool call is not valid JSON ({json_error(exc)})")]
         if not isinstance(call, dict):
             return [*calls, RawCall(None, error="the tool call must be a JSON object")]
         calls.append(named_arguments(call, ("name",), ("parameters", "arguments")))
@@ -55,6 +56,8 @@ def read_json_sequence(text: str, separator: str = ";") -> list[RawCall]:
 
 class Llama3Json(Dialect):
     name = "llama3_json"
+    markers = (('"parameters": ',), ("<|python_tag|>",))
+    detect_after = ("atem", "mistral", "pythonic")
     end_tokens = ("<|eot_id|>", "<|eom_id|>")
     stop_strings = ("<|eom_id|>",)
     multiple_calls = False
@@ -71,7 +74,7 @@ class Llama3Json(Dialect):
             return Scan(content=[text])
         try:
             call, _ = _DECODER.raw_decode(body, start)
-        except json.JSONDecodeError:
+        except ValueError:
             return Scan(content=[text])
         if not isinstance(call, dict) or "name" not in call:
             return Scan(content=[text])
@@ -80,3 +83,6 @@ class Llama3Json(Dialect):
     def call_text(self, calls: Sequence[FunctionCall]) -> str:
         return "; ".join(json.dumps({"name": call.name, "parameters": call.arguments}, ensure_ascii=False)
                          for call in calls)
+
+
+Llama3Json.register()

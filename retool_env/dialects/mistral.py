@@ -19,6 +19,7 @@ from retool_env.dialects.base import (
     Scan,
     arguments_object,
     json_depth_ok,
+    json_error,
     named_arguments,
     read_json_call,
 )
@@ -32,8 +33,8 @@ def _read_list(text: str) -> list[RawCall]:
         return [RawCall(None, error=f"the calls nest deeper than {MAX_DEPTH} levels")]
     try:
         calls, _ = _DECODER.raw_decode(text)
-    except json.JSONDecodeError as exc:
-        return [RawCall(None, error=f"the {TOOL_CALLS} list is not valid JSON ({exc.msg} at column {exc.colno})")]
+    except ValueError as exc:  # JSONDecodeError, or a number json cannot hold
+        return [RawCall(None, error=f"the {TOOL_CALLS} list is not valid JSON ({json_error(exc)})")]
     if not isinstance(calls, list) or not all(isinstance(call, dict) for call in calls):
         return [RawCall(None, error=f"{TOOL_CALLS} must be followed by a JSON list of call objects")]
     return [named_arguments(call, ("name",), ("arguments", "parameters")) for call in calls]
@@ -54,13 +55,14 @@ def _read_v11(piece: str) -> tuple[RawCall, str]:
         try:  # the object, and any text the model wrote after it (content, as vLLM reads it)
             _, end = _DECODER.raw_decode(arguments)
             arguments, after = arguments[:end], arguments[end:]
-        except json.JSONDecodeError:
+        except ValueError:
             pass
     return RawCall(name, *arguments_object(arguments, "arguments")), after
 
 
 class Mistral(Dialect):
     name = "mistral"
+    markers = (("[TOOL_CALLS]",),)
     end_tokens = ("</s>",)
     call_blocks = ((TOOL_CALLS, None),)
 
@@ -81,3 +83,6 @@ class Mistral(Dialect):
     def call_text(self, calls: Sequence[FunctionCall]) -> str:
         return "".join(f"{TOOL_CALLS}{call.name}{ARGS}{json.dumps(call.arguments, ensure_ascii=False)}"
                        for call in calls)
+
+
+Mistral.register()

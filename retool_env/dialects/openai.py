@@ -50,6 +50,8 @@ def _function(recipient: str) -> str | None:
 
 class OpenAIHarmony(Dialect):
     name = "openai"
+    markers = (("<|start|>assistant to=", "<|channel|>"),)
+    aliases = ("gpt_oss", "harmony")
     end_tokens = ("<|return|>", "<|end|>")
     stop_strings = ("<|call|>",)
     multiple_calls = False
@@ -100,3 +102,6 @@ class OpenAIHarmony(Dialect):
     def call_text(self, calls: Sequence[FunctionCall]) -> str:
         return "".join(f"<|start|>assistant to=functions.{call.name}<|channel|>commentary json<|message|>"
                        f"{json.dumps(call.arguments, ensure_ascii=False)}<|call|>" for call in calls)
+
+
+OpenAIHarmony.register()

@@ -121,13 +121,15 @@ CALL_LIST = re.compile(r"\[[ \t\r\n]*[A-Za-z_][A-Za-z0-9_.\-]*\(")  # `[name(`: 
 
 def python_call_list(calls: Sequence[FunctionCall]) -> str:
     """Calls as a Python list with JSON values (what LFM2's later templates render, valid Python for strings)."""
-    written = (f"{call.name}({', '.join(f'{k}={json.dumps(v, ensure_ascii=False)}' for k, v in call.arguments.items())})"
+    written = (f"{call.name}("
+               f"{', '.join(f'{k}={json.dumps(v, ensure_ascii=False)}' for k, v in call.arguments.items())})"
                for call in calls)
     return "[" + ", ".join(written) + "]"
 
 
 class Pythonic(Dialect):
     name = "pythonic"
+    markers = (("<|python_start|>",),)
     end_tokens = ("<|eot|>", "<|eom|>", "<|eot_id|>", "<|eom_id|>")
     call_blocks = (("<|python_start|>", "<|python_end|>"), (CALL_LIST, bracket_end))
     whole_turn_call = ("[", "<|python_start|>")
@@ -142,3 +144,6 @@ class Pythonic(Dialect):
 
     def call_text(self, calls: Sequence[FunctionCall]) -> str:
         return python_call_list(calls)
+
+
+Pythonic.register()

@@ -130,6 +130,8 @@ def parameter_text(value: object) -> str:
 
 class Qwen3Coder(Dialect):
     name = "qwen3_coder"
+    markers = (("<function=", "<parameter="),)
+    aliases = ("qwen3_xml",)
     end_tokens = ("<|im_end|>", "<|endoftext|>")
     call_blocks = ((OPEN, block_end), (FUNCTION, FUNCTION_END))
 
@@ -161,3 +163,6 @@ class Qwen3Coder(Dialect):
                                  for key, value in call.arguments.items())
             blocks.append(f"<tool_call>\n<function={call.name}>\n{parameters}</function>\n</tool_call>")
         return "\n".join(blocks)
+
+
+Qwen3Coder.register()

@@ -133,7 +133,8 @@ def _final_answer(text: str) -> str | None:
     if line is not None and (boxed is None or line.start() > boxes[-1][0]):
         stated = _line_value(line.group("value"))
         before = text[text.rfind("\n", 0, line.start()) + 1 : line.start()]
-        final = _says_final(text, line.start()) or not before.strip(" \t>#*_-")  # "Final Answer:", or "Answer:" opening a line
+        # "Final Answer:", or "Answer:" opening a line
+        final = _says_final(text, line.start()) or not before.strip(" \t>#*_-")
         if stated and (boxed is None or final):  # "...completes the answer: we are done" does not beat a box
             return stated
     return boxed

@@ -20,7 +20,8 @@ from .fusion import SandboxFusionSandbox
 from .local import LocalSandbox
 from .pool import SandboxFusionPool
 
-__all__ = ["ExecResult", "LocalSandbox", "Sandbox", "SandboxFusionPool", "SandboxFusionSandbox", "ToolStatus", "make_sandbox"]
+__all__ = ["ExecResult", "LocalSandbox", "Sandbox", "SandboxFusionPool", "SandboxFusionSandbox", "ToolStatus",
+           "make_sandbox"]
 
 
 def make_sandbox(spec: str | Sandbox | None = "local", **kwargs: Any) -> Sandbox:

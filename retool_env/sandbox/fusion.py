@@ -206,7 +206,8 @@ def from_fusion_response(body: dict[str, Any], run_timeout: float) -> ExecResult
         return ExecResult(ToolStatus.TIMEOUT, stdout, stderr, code, duration, note=note)
     if code == 0 and body.get("status") == "Success":
         return ExecResult(ToolStatus.OK, stdout, stderr, 0, duration)
-    status = ToolStatus.MEMORY if message.startswith("MemoryError") or "MemoryError" in stderr[-300:] else ToolStatus.ERROR
+    memory = message.startswith("MemoryError") or "MemoryError" in stderr[-300:]
+    status = ToolStatus.MEMORY if memory else ToolStatus.ERROR
     if message.startswith("Killed"):
         status = ToolStatus.KILLED
     return ExecResult(status, stdout, stderr, code, duration, note=message)

@@ -124,7 +124,8 @@ def _megabytes(request: dict[str, Any], errors: list[dict[str, Any]]) -> int | N
     if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        errors.append(_error("memory_limit_MB", f"must be an integer number of megabytes (-1: the default), got {value!r}"))
+        errors.append(_error("memory_limit_MB",
+                             f"must be an integer number of megabytes (-1: the default), got {value!r}"))
         return None
     return value if value > 0 else None
 

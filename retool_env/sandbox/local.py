@@ -28,8 +28,8 @@ from .base import ExecResult, Sandbox, ToolStatus
 from .forkserver import isolation as _isolation
 from .forkserver import seccomp, uids
 from .forkserver.cgroups import Delegation
+from .forkserver.config import PRELOAD
 from .forkserver.protocol import pack, read_frame
-from .forkserver.start import PRELOAD
 
 _SANDBOX_DIR = os.path.dirname(os.path.abspath(__file__))
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(_SANDBOX_DIR))

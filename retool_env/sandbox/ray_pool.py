@@ -451,5 +451,6 @@ class RaySandbox(Sandbox):
 
 
 def _session_lost(member: _Member) -> ExecResult:
-    return ExecResult.failure(ToolStatus.SANDBOX_ERROR, f"SandboxError: the sandbox holding this session's state was lost "
-                                               f"(node {member.node_id[:8]}); the episode cannot continue")
+    return ExecResult.failure(ToolStatus.SANDBOX_ERROR,
+                              f"SandboxError: the sandbox holding this session's state was lost "
+                              f"(node {member.node_id[:8]}); the episode cannot continue")

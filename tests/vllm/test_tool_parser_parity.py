@@ -26,7 +26,8 @@ from tests.vllm.tool_parser_cases import EDGE_CASES, HARMONY_CONTENT, TOOLS, tur
 COMPARED = ["hermes", "qwen3_coder", "llama3_json", "mistral", "glm45", "kimi_k2", "deepseek_v3", "deepseek_v31",
             "lfm2", "pythonic", "gemma4", "openai"]
 MARKUP = ["<|python_tag|>", "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "<tool_call>", "</tool_call>",
-          "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>",
+          "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>",
+          "<｜tool▁sep｜>",
           "<|tool_call_start|>", "<|tool_call_end|>", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
           "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call>", "<tool_call|>", '<|"|>',
           "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "<|python_start|>", "<|python_end|>"]

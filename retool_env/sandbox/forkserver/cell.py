@@ -111,8 +111,10 @@ class _StreamRaw(io.RawIOBase):
 
 def capture(buffer: OutputBuffer) -> None:
     """Point sys.stdout/sys.stderr at the shared buffer, unbuffered so nothing is lost to a kill."""
-    sys.stdout = io.TextIOWrapper(_StreamRaw(buffer, 0), encoding="utf-8", errors="backslashreplace", write_through=True)
-    sys.stderr = io.TextIOWrapper(_StreamRaw(buffer, 1), encoding="utf-8", errors="backslashreplace", write_through=True)
+    sys.stdout = io.TextIOWrapper(_StreamRaw(buffer, 0), encoding="utf-8", errors="backslashreplace",
+                                  write_through=True)
+    sys.stderr = io.TextIOWrapper(_StreamRaw(buffer, 1), encoding="utf-8", errors="backslashreplace",
+                                  write_through=True)
 
 
 def split_trailing_expression(tree: ast.Module, source: str) -> ast.expr | None:
@@ -138,7 +140,8 @@ def _format_exception(exc: BaseException, max_lines: int) -> str:
         tb = None
     lines = "".join(traceback.format_exception(type(exc), exc, tb)).splitlines()
     if max_lines > 0 and len(lines) > max_lines:
-        lines = ["Traceback (most recent call last):", "  ...", *lines[-(max_lines - 2) :]] if max_lines > 2 else lines[-max_lines:]
+        lines = (["Traceback (most recent call last):", "  ...", *lines[-(max_lines - 2) :]] if max_lines > 2
+                 else lines[-max_lines:])
     return "\n".join(lines) + "\n"
 
 

@@ -37,7 +37,8 @@ def _apply_request_limits(request: dict[str, Any], base_memory_mb: int, *, keep_
     cpu = math.ceil(request["timeout"]) + 1
     _, cpu_hard = resource.getrlimit(resource.RLIMIT_CPU)
     if keep_hard:
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu if cpu_hard == resource.RLIM_INFINITY else min(cpu, cpu_hard), cpu_hard))
+        soft = cpu if cpu_hard == resource.RLIM_INFINITY else min(cpu, cpu_hard)
+        resource.setrlimit(resource.RLIMIT_CPU, (soft, cpu_hard))
     else:
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     memory_mb = request.get("memory_mb")

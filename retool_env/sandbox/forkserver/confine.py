@@ -182,7 +182,8 @@ _SIGXFSZ, _SIG_DFL, _SIG_IGN = int(signal.SIGXFSZ), int(signal.SIG_DFL), int(sig
 
 
 def prepare(*, parent: int, keep: tuple[int, ...], layers: Layers, limits: Limits, masks: list[str],
-            rebinds: list[tuple[str, str]], session: bool, private_proc: str = "", hidden: tuple[str, ...] = ()) -> None:
+            rebinds: list[tuple[str, str]], session: bool, private_proc: str = "",
+            hidden: tuple[str, ...] = ()) -> None:
     """Confine the calling (freshly forked, single-threaded) process. Raises OSError if a layer cannot be applied:
     the caller exits, and the server reports a sandbox error instead of running code with less isolation."""
     lib = libc()
@@ -331,5 +332,6 @@ def status() -> dict[str, object]:
         fields["cgroup"] = f.read().strip()
     fields["dumpable"] = libc().prctl(3, 0, 0, 0, 0)
     with contextlib.suppress(OSError):  # the server (pid 1) holds no call's data; any other pid is another process
-        fields["visible_processes"] = len([e for e in os.listdir("/proc") if e.isdigit() and int(e) not in (1, os.getpid())])
+        fields["visible_processes"] = len([e for e in os.listdir("/proc")
+                                           if e.isdigit() and int(e) not in (1, os.getpid())])
     return fields

@@ -188,7 +188,8 @@ def _lock_down(path: str, flags: int, *, recursive: bool = True) -> None:
     result = libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, path.encode(), _AT_RECURSIVE if recursive else 0,
                           ctypes.byref(attr), ctypes.sizeof(attr))
     if result != 0 and ctypes.get_errno() == 38:  # ENOSYS
-        legacy = _MS_RDONLY * bool(flags & _MOUNT_ATTR_RDONLY) | _MS_NOSUID | _MS_NODEV * bool(flags & _MOUNT_ATTR_NODEV)
+        legacy = (_MS_RDONLY * bool(flags & _MOUNT_ATTR_RDONLY) | _MS_NOSUID
+                  | _MS_NODEV * bool(flags & _MOUNT_ATTR_NODEV))
         result = libc.mount(None, path.encode(), None, _MS_REMOUNT | _MS_BIND | legacy, None)
     _check(result, f"make {path} read-only")
 
@@ -316,7 +317,8 @@ def _unshare() -> None:
     libc = _libc()
     root = os.geteuid() == 0
     uid, gid = os.getuid(), os.getgid()
-    flags = _CLONE_NEWNS | _CLONE_NEWPID | _CLONE_NEWNET | _CLONE_NEWIPC | _CLONE_NEWUTS | (0 if root else _CLONE_NEWUSER)
+    flags = (_CLONE_NEWNS | _CLONE_NEWPID | _CLONE_NEWNET | _CLONE_NEWIPC | _CLONE_NEWUTS
+             | (0 if root else _CLONE_NEWUSER))
     if libc.unshare(flags | _CLONE_NEWCGROUP) != 0:
         _check(libc.unshare(flags), "unshare")  # a kernel without cgroup namespaces
     if not root:

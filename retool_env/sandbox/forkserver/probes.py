@@ -24,7 +24,8 @@ ATTACKS: dict[str, str] = {
     "open_by_handle_at": "r, e = syscall(304, -100, ctypes.create_string_buffer(64), 0)\n"
                          "if e not in (errno.EPERM, errno.ENOSYS): print('ESCAPED', errno.errorcode.get(e))",
     "root-only files": "open('/etc/shadow').read(1); print('ESCAPED /etc/shadow')",
-    "trainer's home": "left = set(os.listdir({home!r})) - set({in_home!r})\nif left: print('ESCAPED', sorted(left)[:5])",
+    "trainer's home": "left = set(os.listdir({home!r})) - set({in_home!r})\n"
+                      "if left: print('ESCAPED', sorted(left)[:5])",
     "signal the server": "os.kill(os.getppid(), 0); print('ESCAPED kill')",
     "pidfd": "r, e = syscall(434, os.getppid(), 0)\nif r >= 0: print('ESCAPED pidfd_open')",
     "prlimit another process": "import resource\nresource.prlimit(os.getppid(), resource.RLIMIT_NOFILE)\n"
@@ -45,7 +46,9 @@ ATTACKS: dict[str, str] = {
     "other calls' files": "left = (set(os.listdir('/tmp')) - set({in_tmp!r})) | set(os.listdir('/dev/shm'))\n"
                           "if left: print('ESCAPED', sorted(left)[:5])\n"
                           "open('/tmp/mark', 'w').write('x'); open('/dev/shm/mark', 'w').write('x')",
-    "other calls' processes": "import glob\nseen = [e for e in os.listdir('/proc') if e.isdigit() and int(e) not in (1, os.getpid())]\n"
+    "other calls' processes": "import glob\n"
+                              "seen = [e for e in os.listdir('/proc') "
+                              "if e.isdigit() and int(e) not in (1, os.getpid())]\n"
                               "groups = glob.glob('/sys/fs/cgroup/**/cgroup.procs', recursive=True)\n"
                               "if seen or groups: print('ESCAPED', len(seen), 'processes,', len(groups), 'cgroups')",
     "other calls' output": "maps = [l for l in open('/proc/self/maps') if 'retool-output' in l]\n"

@@ -67,9 +67,34 @@ SYSCALLS = {
 }  # fmt: skip
 
 # What a Python interpreter running numpy and sympy needs, with no argument that could reach beyond itself.
-ALLOWED = frozenset(["read", "write", "open", "close", "stat", "fstat", "lstat", "poll", "lseek", "mmap", "mprotect", "munmap", "brk", "rt_sigaction", "rt_sigprocmask", "rt_sigreturn", "pread64", "pwrite64", "readv", "writev", "access", "pipe", "select", "sched_yield", "mremap", "msync", "mincore", "madvise", "dup", "dup2", "pause", "nanosleep", "getitimer", "alarm", "setitimer", "getpid", "sendfile", "exit", "wait4", "uname", "fcntl", "flock", "fsync", "fdatasync", "truncate", "ftruncate", "getdents", "getcwd", "chdir", "fchdir", "rename", "mkdir", "rmdir", "creat", "link", "unlink", "symlink", "readlink", "chmod", "fchmod", "umask", "gettimeofday", "getrlimit", "getrusage", "sysinfo", "times", "getuid", "getgid", "geteuid", "getegid", "getppid", "getpgrp", "getgroups", "getresuid", "getresgid", "getpgid", "getsid", "capget", "rt_sigpending", "rt_sigtimedwait", "rt_sigsuspend", "sigaltstack", "utime", "statfs", "fstatfs", "getpriority", "sched_getparam", "sched_getscheduler", "sched_get_priority_max", "sched_get_priority_min", "sched_rr_get_interval", "arch_prctl", "setrlimit", "gettid", "getxattr", "lgetxattr", "fgetxattr", "listxattr", "llistxattr", "flistxattr", "time", "futex", "sched_getaffinity", "epoll_create", "getdents64", "set_tid_address", "restart_syscall", "fadvise64", "timer_create", "timer_settime", "timer_gettime", "timer_getoverrun", "timer_delete", "clock_gettime", "clock_getres", "clock_nanosleep", "exit_group", "epoll_wait", "epoll_ctl", "utimes", "waitid", "openat", "mkdirat", "futimesat", "newfstatat", "unlinkat", "renameat", "linkat", "symlinkat", "readlinkat", "fchmodat", "faccessat", "pselect6", "ppoll", "set_robust_list", "get_robust_list", "splice", "tee", "utimensat", "epoll_pwait", "signalfd", "timerfd_create", "eventfd", "fallocate", "timerfd_settime", "timerfd_gettime", "signalfd4", "eventfd2", "epoll_create1", "dup3", "pipe2", "preadv", "pwritev", "getcpu", "renameat2", "getrandom", "memfd_create", "copy_file_range", "preadv2", "pwritev2", "statx", "rseq", "close_range", "faccessat2", "epoll_pwait2", "futex_waitv", "futex_wake", "futex_wait", "futex_requeue"])
+ALLOWED = frozenset([
+    "read", "write", "open", "close", "stat", "fstat", "lstat", "poll", "lseek", "mmap", "mprotect", "munmap", "brk",
+    "rt_sigaction", "rt_sigprocmask", "rt_sigreturn", "pread64", "pwrite64", "readv", "writev", "access", "pipe",
+    "select", "sched_yield", "mremap", "msync", "mincore", "madvise", "dup", "dup2", "pause", "nanosleep", "getitimer",
+    "alarm", "setitimer", "getpid", "sendfile", "exit", "wait4", "uname", "fcntl", "flock", "fsync", "fdatasync",
+    "truncate", "ftruncate", "getdents", "getcwd", "chdir", "fchdir", "rename", "mkdir", "rmdir", "creat", "link",
+    "unlink", "symlink", "readlink", "chmod", "fchmod", "umask", "gettimeofday", "getrlimit", "getrusage", "sysinfo",
+    "times", "getuid", "getgid", "geteuid", "getegid", "getppid", "getpgrp", "getgroups", "getresuid", "getresgid",
+    "getpgid", "getsid", "capget", "rt_sigpending", "rt_sigtimedwait", "rt_sigsuspend", "sigaltstack", "utime",
+    "statfs", "fstatfs", "getpriority", "sched_getparam", "sched_getscheduler", "sched_get_priority_max",
+    "sched_get_priority_min", "sched_rr_get_interval", "arch_prctl", "setrlimit", "gettid", "getxattr", "lgetxattr",
+    "fgetxattr", "listxattr", "llistxattr", "flistxattr", "time", "futex", "sched_getaffinity", "epoll_create",
+    "getdents64", "set_tid_address", "restart_syscall", "fadvise64", "timer_create", "timer_settime", "timer_gettime",
+    "timer_getoverrun", "timer_delete", "clock_gettime", "clock_getres", "clock_nanosleep", "exit_group", "epoll_wait",
+    "epoll_ctl", "utimes", "waitid", "openat", "mkdirat", "futimesat", "newfstatat", "unlinkat", "renameat", "linkat",
+    "symlinkat", "readlinkat", "fchmodat", "faccessat", "pselect6", "ppoll", "set_robust_list", "get_robust_list",
+    "splice", "tee", "utimensat", "epoll_pwait", "signalfd", "timerfd_create", "eventfd", "fallocate",
+    "timerfd_settime", "timerfd_gettime", "signalfd4", "eventfd2", "epoll_create1", "dup3", "pipe2", "preadv",
+    "pwritev", "getcpu", "renameat2", "getrandom", "memfd_create", "copy_file_range", "preadv2", "pwritev2", "statx",
+    "rseq", "close_range", "faccessat2", "epoll_pwait2", "futex_waitv", "futex_wake", "futex_wait", "futex_requeue"
+])
 # Named refusals (EPERM, so the model reads "Operation not permitted"); anything else unlisted gets ENOSYS.
-REFUSED = frozenset(["socket", "socketpair", "fork", "vfork", "execve", "ptrace", "syslog", "setsid", "setpgid", "mknod", "mknodat", "mount", "unshare", "tkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "sched_setparam", "sched_setscheduler", "sched_setattr", "open_by_handle_at", "pidfd_open", "pidfd_send_signal", "pidfd_getfd", "open_tree", "fsopen", "mount_setattr"])
+REFUSED = frozenset([
+    "socket", "socketpair", "fork", "vfork", "execve", "ptrace", "syslog", "setsid", "setpgid", "mknod", "mknodat",
+    "mount", "unshare", "tkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "sched_setparam", "sched_setscheduler",
+    "sched_setattr", "open_by_handle_at", "pidfd_open", "pidfd_send_signal", "pidfd_getfd", "open_tree", "fsopen",
+    "mount_setattr"
+])
 
 _CLONE_THREAD = 0x00010000
 _CLONE_NAMESPACES = 0x7E020000  # NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET
@@ -145,7 +170,8 @@ def build_filter(self_pid: int, *, allow_fork: bool) -> bytes:
     checked: dict[str, list[bytes]] = {
         # Threads always; processes only in sessions; never into new namespaces.
         "clone": [_load(_ARG0), _insn(_JSET, _CLONE_NAMESPACES, 0, 1), _insn(_RET, eperm)]
-        + ([_insn(_RET, _RET_ALLOW)] if allow_fork else [_insn(_JSET, _CLONE_THREAD, 1, 0), _insn(_RET, eperm), _insn(_RET, _RET_ALLOW)]),
+        + ([_insn(_RET, _RET_ALLOW)] if allow_fork else
+           [_insn(_JSET, _CLONE_THREAD, 1, 0), _insn(_RET, eperm), _insn(_RET, _RET_ALLOW)]),
         "kill": [_load(_ARG0), *_one_of((0, own, -own) if own else (0,), eperm)],
         "tgkill": [_load(_ARG0), *_one_of((own,), eperm)] if own else [_insn(_RET, eperm)],
         "ioctl": [_load(_ARG1), *_one_of(_IOCTLS, _errno(errno.ENOTTY))],

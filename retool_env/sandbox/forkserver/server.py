@@ -34,8 +34,8 @@ from typing import Any
 
 from . import cell, confine
 from .cgroups import CallGroup
+from .config import Config, needs_full
 from .protocol import pack, read_frame, recv_message, send_message
-from .start import Config, needs_full
 
 
 @dataclass
@@ -130,7 +130,8 @@ class ReportChannel:
     from `writer` are kept, a few at a time: a flood from any other process costs a read, never a place. End of file
     (every holder gone) is kept too, as (0, b"")."""
 
-    def __init__(self, sock: socket.socket, writer: int, events: asyncio.Queue[tuple[ReportChannel, int, bytes]]) -> None:
+    def __init__(self, sock: socket.socket, writer: int,
+                 events: asyncio.Queue[tuple[ReportChannel, int, bytes]]) -> None:
         """`writer` 0: any process that holds the other end (a hand-over's, whose pid is checked as it is read)."""
         self.sock = _passing_credentials(sock)
         self.writer = writer
@@ -293,7 +294,8 @@ class Server:
         buffer = cell.OutputBuffer(self.config.max_output_bytes)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # code in, `done <exit code>` out
         code_w, code_r = ours.detach(), theirs.detach()
-        status_r, status_w = (s.detach() for s in socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)) if session else (-1, -1)
+        status_r, status_w = ((s.detach() for s in socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET))
+                              if session else (-1, -1))
         forked = self.forking[cid] = asyncio.get_running_loop().create_future()
         try:
             send_message(zygote.sock, {"op": "fork", "cid": cid, "session": session},
@@ -367,16 +369,19 @@ class Server:
         if os.WIFEXITED(wait_status):
             exit_code = os.WEXITSTATUS(wait_status)
         if not started:
-            why = f"did not start the code within the {timeout:g} s time limit" if timed_out else "could not confine the call"
+            why = (f"did not start the code within the {timeout:g} s time limit" if timed_out
+                   else "could not confine the call")
             status, note = "sandbox_error", f"SandboxError: the sandbox {why}; the code did not run"
         elif timed_out:
             status, note = "timeout", f"TimeoutError: execution exceeded the {timeout:g} s time limit"
         elif os.WIFSIGNALED(wait_status):
             sig = os.WTERMSIG(wait_status)
             if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu >= math.ceil(timeout)):
-                status, note = "timeout", f"TimeoutError: execution exceeded the {math.ceil(timeout) + 1} s CPU time limit"
+                status = "timeout"
+                note = f"TimeoutError: execution exceeded the {math.ceil(timeout) + 1} s CPU time limit"
             elif sig == signal.SIGKILL and oom:
-                status, note = "memory", f"MemoryError: execution exceeded the {memory} MB memory limit (files in /tmp count)"
+                status = "memory"
+                note = f"MemoryError: execution exceeded the {memory} MB memory limit (files in /tmp count)"
             else:
                 status, note = "killed", f"Killed: the process was terminated by signal {signal_name(sig)}"
         elif state == cell.STATUS_MEMORY:
@@ -588,7 +593,8 @@ class Server:
         if total <= self.memory_budget:
             return
         share = self.memory_budget // len(self.sessions)
-        over = [(name, s) for name, s in self.sessions.items() if s.memory > share and (s is grew or not s.lock.locked())]
+        over = [(name, s) for name, s in self.sessions.items()
+                if s.memory > share and (s is grew or not s.lock.locked())]
         for name, session in sorted(over, key=lambda item: (item[1] is grew, item[1].memory), reverse=True):
             if total <= self.memory_budget:
                 return
@@ -739,7 +745,8 @@ class Server:
             if threads_left and not timed_out:
                 result["status"] = "error"
                 result["note"] = (f"RuntimeError: the cell left {threads_left} thread(s) running; a session keeps no "
-                                  "thread between calls, so its state is as before the cell (join threads before it ends)")
+                                  "thread between calls, so its state is as before the cell (join threads before it "
+                                  "ends)")
             self._pause(session)
             return result
         self._forget(name, session)
@@ -747,7 +754,8 @@ class Server:
             note = f"TimeoutError: execution exceeded the {request['timeout']:g} s time limit; the session was reset"
             return {"status": "timeout", "note": note, "duration": duration}
         if session.took_over or session.status.any_started():
-            note = "Killed: the session's interpreter, which runs the code, died; its state is lost and the session was reset"
+            note = ("Killed: the session's interpreter, which runs the code, died; its state is lost and the session "
+                    "was reset")
             return {"status": "killed", "note": note + problem, "duration": duration}
         note = f"SandboxError: the session's interpreter died and its state is lost{problem}"
         return {"status": "sandbox_error", "note": note, "duration": duration}

@@ -1,4 +1,4 @@
-"""The sandbox server's entry point: its config, what its two zygotes preload, and which one a call needs.
+"""The sandbox server's entry point: it warms up the preloads, forks the two zygotes, then serves.
 
 `main` warms up the standard library's part of the preloads and forks the lean zygote, then imports the server
 (asyncio and all), warms up the rest (sympy, numpy) and forks the full zygote, then serves (server.py). The lean
@@ -18,59 +18,18 @@ import contextlib
 import gc
 import json
 import os
-import re
 import socket
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from . import confine
 from .child import warm_up_cell
+from .config import Config, lean_preload
 from .zygote import ZygoteConfig
 from .zygote import run as run_zygote
 
-PRELOAD = [
-    "math", "cmath", "fractions", "decimal", "itertools", "functools", "collections", "statistics", "random", "re",
-    "string", "heapq", "bisect", "operator", "copy", "json", "datetime", "time", "typing", "dataclasses", "numbers",
-    "array", "textwrap", "pprint", "enum", "sympy", "numpy",
-]  # fmt: skip
 _PR_SET_DUMPABLE = 4
 _M_ARENA_MAX = -8
-# Names that import a module without naming it in the code: a call using one gets the full zygote.
-_DYNAMIC = frozenset({"__import__", "importlib", "exec", "eval", "__builtins__", "builtins", "runpy", "pkgutil"})
-_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-SCAN_LIMIT = 32768  # characters; longer code gets the full zygote unscanned
-
-
-def lean_preload(preload: list[str]) -> list[str]:
-    """What the lean zygote preloads: the standard library's part of `preload`."""
-    return [name for name in preload if name.partition(".")[0] in sys.stdlib_module_names]
-
-
-def needs_full(code: str, heavy: frozenset[str]) -> bool:
-    """Whether `code` should run in a child of the full zygote: it mentions a module in `heavy` (top-level names:
-    what only the full zygote preloads, and every package outside the standard library), or a way to import by a
-    computed name. One linear scan of the
-    identifier-like words anywhere in it (comments and strings too: `__import__("sympy")` names sympy); only the
-    speed depends on it, never the result."""
-    if len(code) > SCAN_LIMIT:
-        return True
-    words = set(_WORD.findall(code))
-    return not (words.isdisjoint(heavy) and words.isdisjoint(_DYNAMIC))
-
-
-@dataclass(kw_only=True)
-class Config(ZygoteConfig):
-    """What the client decides; sent to the server as JSON on its standard input."""
-
-    listen_fd: int
-    lifeline_fd: int
-    uid_block_fd: int = -1  # held for life (and by the zygote): the lock on this server's uid block (uids.py)
-    max_concurrency: int = 2
-    prefork: int = 2
-    max_sessions: int = 64
-    session_memory_mb: int = 0  # what idle sessions may hold in all; 0: half the memory available at start
-    preload: list[str] = field(default_factory=lambda: list(PRELOAD))
-    lean_zygote: bool = True  # a second zygote, without the preloads beyond the standard library
 
 
 def warm_up(preload: list[str]) -> None:
@@ -82,8 +41,9 @@ def warm_up(preload: list[str]) -> None:
         import sympy
 
         x, y = sympy.symbols("x y")
-        sympy.factor(x**4 - 1), sympy.solve([x + y - 3, x - y - 1], [x, y]), sympy.simplify(sympy.sin(x) ** 2 + sympy.cos(x) ** 2)
-        sympy.expand((x + 1) ** 5), sympy.Rational(3, 4) + 1, sympy.isprime(97), sympy.factorint(360), sympy.N(sympy.pi, 30)
+        sympy.factor(x**4 - 1), sympy.solve([x + y - 3, x - y - 1], [x, y])
+        sympy.simplify(sympy.sin(x) ** 2 + sympy.cos(x) ** 2), sympy.expand((x + 1) ** 5), sympy.Rational(3, 4) + 1
+        sympy.isprime(97), sympy.factorint(360), sympy.N(sympy.pi, 30)
         sympy.nsimplify(0.5), sympy.sqrt(8), sympy.binomial(10, 3), sympy.diff(x**3, x), sympy.integrate(x**2, x)
         sympy.Matrix([[1, 2], [3, 4]]).det(), sympy.summation(x, (x, 1, 10)), sympy.limit(1 / x, x, sympy.oo)
         str(sympy.latex(x**2 / 3)), sympy.gcd(12, 18), sympy.divisors(12), sympy.totient(10), sympy.primerange(1, 20)
@@ -107,7 +67,8 @@ def _third_party() -> frozenset[str]:
     one or two letters (pytest's `py`), which name variables and file suffixes far more often."""
     import pkgutil
 
-    return frozenset(m.name for m in pkgutil.iter_modules() if m.name not in sys.stdlib_module_names and len(m.name) > 2)
+    return frozenset(m.name for m in pkgutil.iter_modules()
+                     if m.name not in sys.stdlib_module_names and len(m.name) > 2)
 
 
 def _start_zygote(config: ZygoteConfig, close: list[int]) -> tuple[socket.socket, int]:

@@ -11,8 +11,9 @@ a random one (servers in separate containers, which see separate lock directorie
 holds it with an exclusive `flock` on `<LOCK_DIR>/<block>.lock`, a root-owned directory. The server inherits the
 lock's descriptor and its zygote keeps it: the kernel drops the lock when the last process holding it dies, however
 it dies, so a crash leaves no block taken. A block whose lock is free while some process still runs as one of its
-uids (a call of a server that died a moment ago, not yet gone) is skipped. A server's two zygotes (server.py) take half of its block each; the last uid of each half is that
-zygote's probe children's, the others are given to calls and sessions.
+uids (a call of a server that died a moment ago, not yet gone) is skipped. A server's two zygotes (server.py) take
+half of its block each; the last uid of each half is that zygote's probe children's, the others are given to calls
+and sessions.
 
 Unprivileged there is nothing to allocate: an unprivileged user namespace maps one uid, so every child keeps the
 user's uid, each in a user namespace of its own (where the kernel counts `RLIMIT_NPROC` apart).

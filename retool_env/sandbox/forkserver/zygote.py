@@ -2,8 +2,9 @@
 
 Model code must never find another call's code or output in its own memory. Every child is a copy of the process
 that forked it, so that process must never have held any: the server receives code and reads output, the zygote
-only forks. It gives each child its own uid (when root, from its server's block: uids.py), its own cgroup (one per slot), its own session, and the
-descriptors the server passed for it (code socket, output memfd, status socket), which it closes right after the fork.
+only forks. It gives each child its own uid (when root, from its server's block: uids.py), its own cgroup (one per
+slot), its own session, and the descriptors the server passed for it (code socket, output memfd, status socket),
+which it closes right after the fork.
 It reaps every child (it is their sub-reaper) and reports each exit; on `release` it kills whatever a call left
 running, and frees its uid and cgroup for the next call once nothing of it is left.
 
@@ -38,7 +39,8 @@ _DRAIN_BATCH = 256  # mallocs between two looks at what is left
 
 class _MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
 
 
 def drain_free_chunks() -> int:
@@ -54,7 +56,8 @@ def drain_free_chunks() -> int:
         mallinfo2, malloc, free = lib.mallinfo2, lib.malloc, lib.free
     except AttributeError:  # not glibc >= 2.33
         return 0
-    mallinfo2.restype, malloc.restype, malloc.argtypes, free.argtypes = _MallInfo2, ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
+    mallinfo2.restype, malloc.restype = _MallInfo2, ctypes.c_void_p
+    malloc.argtypes, free.argtypes = [ctypes.c_size_t], [ctypes.c_void_p]
     free(malloc(1 << 16))  # a large request first merges the fast bins' chunks into the others
     taken = 0
     for size in _TCACHE_SIZES:  # the per-thread cache's chunks count as in use: take each size's few
@@ -81,19 +84,20 @@ def drain_free_chunks() -> int:
 
 @dataclass(kw_only=True)
 class ZygoteConfig:
-    """What every child is made with (the server's `Config` adds what only the server needs)."""
+    """What every child is made with (the server's `Config` adds what only the server needs). What the client
+    decides has no default here: `LocalSandbox`'s arguments are the one place its defaults are written."""
 
-    memory_mb: int = 1024
-    max_output_bytes: int = 16384
-    traceback_lines: int = 12
+    memory_mb: int
+    max_output_bytes: int
+    traceback_lines: int
+    tmp_mb: int
+    shm_mb: int
+    use_seccomp: bool
+    use_userns: bool
+    uid_per_call: bool
     file_size_mb: int = 64
     open_files: int = 64
-    tmp_mb: int = 256
-    shm_mb: int = 64
     processes: int = 1024
-    use_seccomp: bool = True
-    use_userns: bool = True
-    uid_per_call: bool = True
     uid_base: int = uids.FIRST_UID  # this server's block (uids.py): a uid per live call or session, the last for probes
     uid_count: int = uids.BLOCK_SIZE
     cgroup: dict[str, Any] | None = None  # Delegation fields
