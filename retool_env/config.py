@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
@@ -116,7 +117,7 @@ class EnvConfig:
         for name in dict.fromkeys([*defaults, *taken_elsewhere]):
             declared_field = declared[name]
             default = defaults.get(name, declared_field.default)
-            annotation = str(declared_field.type)
+            annotation = _declared_annotation(cls, name)
             if default is None and "None" not in annotation:
                 annotation += " | None"
             changed.append((name, annotation, field(default=default, init=name not in taken_elsewhere,
@@ -131,7 +132,8 @@ class EnvConfig:
         that has no `TrlParser`; `defaults` replace some of the declared ones. Read back with `from_settings(args)`."""
         group = parser.add_argument_group("environment (retool_env.EnvConfig)")
         for f in fields(cls):
-            group.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=_argument_type(str(f.type)),
+            kind = _argument_type(_declared_annotation(cls, f.name))
+            group.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=kind,
                                default=defaults.get(f.name, f.default), help=f.metadata.get("help"))
 
     # A mapping of ToolEnvironment's keyword arguments: `ToolEnvironment(tokenizer, dataset, **config)`.
@@ -142,6 +144,12 @@ class EnvConfig:
         if name not in {f.name for f in fields(EnvConfig)}:
             raise KeyError(name)
         return getattr(self, name)
+
+
+def _declared_annotation(cls: type, name: str) -> str:
+    """A field's annotation as written: `Field.type` is not it once a parser has resolved it in place (TRL's and
+    transformers' HfArgumentParser set it to the type object, on the Field objects every subclass shares)."""
+    return next(str(inspect.get_annotations(c)[name]) for c in cls.__mro__ if name in inspect.get_annotations(c))
 
 
 def _argument_type(annotation: str) -> Callable[[str], Any]:

@@ -53,6 +53,27 @@ def test_with_defaults_changes_defaults_not_declarations():
         EnvConfig.with_defaults(max_tool_call=2)
 
 
+def test_with_defaults_and_flags_after_a_parser_resolved_the_annotations():
+    """TRL's parser replaces each Field's `type` by the type object, on the Field objects subclasses share: a script
+    imported after another one built its parser must still get its variant and its flags."""
+    from typing import get_type_hints
+
+    from trl import TrlParser
+
+    before = {f.name: f.type for f in fields(EnvConfig)}
+    try:
+        TrlParser((EnvConfig.with_defaults(max_completion_tokens=64),))
+        assert fields(EnvConfig)[0].type is not before[fields(EnvConfig)[0].name]  # what the parser does
+        later = EnvConfig.with_defaults(max_completion_tokens=16384, max_model_len=None)
+        assert get_type_hints(later)["max_completion_tokens"] is int
+        parser = argparse.ArgumentParser()
+        EnvConfig.add_arguments(parser)
+        assert parser.parse_args(["--max-tool-calls", "3"]).max_tool_calls == 3
+    finally:
+        for f in fields(EnvConfig):
+            f.type = before[f.name]
+
+
 def test_argparse_flags_read_back_as_the_config():
     parser = argparse.ArgumentParser()
     EnvConfig.add_arguments(parser, tool_format="hermes")
