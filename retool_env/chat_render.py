@@ -13,23 +13,22 @@ the tools' `tojson` written once for the one frozen copy of each tool list). A r
 message once given (`Conversation`, `messages_frozen`) copies each message for the template once.
 
 The fast path is taken only for a Hugging Face tokenizer whose `apply_chat_template` is transformers' own, with a
-transformers that has the converters used here (5.20 and later). The first renders of each (tokenizer, template,
-tools, options) are compared with `apply_chat_template`; any difference turns the fast path off for them, with a
-warning. A render the fast path cannot do (it raises) is done by `apply_chat_template`, so errors are transformers'.
-Any other tokenizer (the `retool_env.tokens.Tokenizer` protocol) renders through its own `apply_chat_template`.
+transformers that has the helpers used here (5.20 and later; `retool_env.internals.transformers_chat`). The first
+renders of each (tokenizer, template, tools, options) are compared with `apply_chat_template`; any difference turns
+the fast path off for them, with a warning. A render the fast path cannot do (it raises) is done by
+`apply_chat_template`, so errors are transformers'. Any other tokenizer (the `retool_env.tokens.Tokenizer`
+protocol) renders through its own `apply_chat_template`.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
-import sys
 import warnings
 import weakref
-from dataclasses import dataclass
 from typing import Any
 
 from retool_env.internals.jinja_sandbox import remembering_overlay
+from retool_env.internals.transformers_chat import chat_template_helpers
 from retool_env.tokens import Tokenizer
 
 __all__ = ["ChatRenderer"]
@@ -44,53 +43,13 @@ _COPIES_LIMIT = 512  # template copies of messages kept per renderer (an episode
 _checks: weakref.WeakKeyDictionary[Any, dict[tuple[str, str, str], int]] = weakref.WeakKeyDictionary()
 
 
-@dataclass(frozen=True)
-class _Transformers:
-    """What the fast path uses of transformers (private helpers of its chat template module)."""
-
-    base_class: Any  # transformers' PreTrainedTokenizerBase
-    compile: Any
-    normalize: Any
-    plain: Any
-    alias: Any
-
-
-_found: list[_Transformers] = []
-
-
-def _transformers_parts() -> _Transformers | None:
-    """transformers' chat template helpers, when transformers is loaded and has those the fast path uses."""
-    if _found:
-        return _found[0]
-    if "transformers" not in sys.modules:  # a tokenizer that is not transformers' needs none of it
-        return None
-    try:
-        from transformers import PreTrainedTokenizerBase
-        from transformers.utils import chat_template_utils as utils
-    except ImportError:
-        return None
-    names = ("_compile_jinja_template", "_normalize_chat_messages", "_plain_template_data", "_alias_reasoning_fields")
-    helpers = [getattr(utils, name, None) for name in names]
-    if not all(callable(helper) for helper in helpers):
-        return None
-    _found.append(_Transformers(PreTrainedTokenizerBase, *helpers))
-    return _found[0]
-
-
-@functools.cache
-def _apply_parameters() -> frozenset[str]:
-    """The names `apply_chat_template` takes itself: template options with one of them go its own way."""
-    parts = _transformers_parts()
-    return frozenset(inspect.signature(parts.base_class.apply_chat_template).parameters) if parts else frozenset()
-
-
 @functools.lru_cache(maxsize=64)
 def _fast_template(template: str) -> Any:
     """transformers' compiled template, recompiled in an overlay of its sandbox whose attribute checks are
     remembered (see the module docstring and `retool_env.internals.jinja_sandbox`)."""
-    parts = _transformers_parts()
-    assert parts is not None, "only called when the fast path is available"
-    return remembering_overlay(template, parts.compile(template), _frozen_json)
+    helpers = chat_template_helpers()
+    assert helpers is not None, "only called when the fast path is available"
+    return remembering_overlay(template, helpers.compile(template), _frozen_json)
 
 
 # The plain copy of each tool list (by its repr), shared by every render: no template can change it (the sandbox
@@ -205,16 +164,16 @@ class ChatRenderer:
         if source is self._source and self.tools is self._tools_seen:
             return self._prepared
         self._source, self._tools_seen, self._prepared = source, self.tools, None
-        parts = _transformers_parts()
-        if (parts is None or not isinstance(tokenizer, parts.base_class)
-                or type(tokenizer).apply_chat_template is not parts.base_class.apply_chat_template
-                or not set(self.chat_template_kwargs).isdisjoint(_apply_parameters())
+        helpers = chat_template_helpers()
+        if (helpers is None or not isinstance(tokenizer, helpers.base_class)
+                or type(tokenizer).apply_chat_template is not helpers.base_class.apply_chat_template
+                or not set(self.chat_template_kwargs).isdisjoint(helpers.apply_parameters)
                 or (self.tools is not None and not all(isinstance(t, dict) for t in self.tools))):
             return None
         try:
             template = tokenizer.get_chat_template(None, self.tools)
-            variables = parts.plain({**tokenizer.special_tokens_map, **self.chat_template_kwargs})
-            tools = _frozen(parts.plain(list(self.tools) if self.tools is not None else None))
+            variables = helpers.plain({**tokenizer.special_tokens_map, **self.chat_template_kwargs})
+            tools = _frozen(helpers.plain(list(self.tools) if self.tools is not None else None))
             key = (template, repr(tools), repr(variables))
             self._prepared = (_fast_template(template), tools, variables, key)
         except Exception:  # no template, or one that does not compile: apply_chat_template raises its own error
@@ -226,16 +185,17 @@ class ChatRenderer:
 def _template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The messages as transformers hands them to the template: plain data, `None` values dropped, reasoning under
     each of its names."""
-    parts = _found[0]
+    helpers = chat_template_helpers()
+    assert helpers is not None, "only called when the fast path is available"
     prepared = []
     for message in messages:
         plain: Any = _plain_json(message) if type(message) is dict else _NOT_PLAIN
         if plain is _NOT_PLAIN:  # objects, subclasses, media: transformers' own converters
-            plain = parts.plain(parts.normalize([message]))[0]
+            plain = helpers.plain(helpers.normalize([message]))[0]
         else:
             plain = {key: value for key, value in plain.items() if value is not None}
         prepared.append(plain)
-    return parts.alias(prepared)
+    return helpers.alias(prepared)
 
 
 _NOT_PLAIN = object()

@@ -313,7 +313,7 @@ def test_token_helpers_sit_below_chat_and_formats():
     import subprocess
     import sys
 
-    internals = {"internals", "internals.jinja_sandbox"}
+    internals = {"internals", "internals.jinja_sandbox", "internals.transformers_chat"}
     for module, below in (("chat", {"chat_render", "tokens", *internals}), ("chat_render", {"tokens", *internals})):
         code = (f"import sys, retool_env.{module}; loaded = {{m for m in sys.modules if m.startswith('retool_env.')}}; "
                 f"assert loaded == {{'retool_env.{module}', *{sorted('retool_env.' + m for m in below)}}}, loaded")
