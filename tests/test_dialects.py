@@ -192,6 +192,8 @@ def test_a_malformed_call_gets_an_error_showing_the_dialects_syntax(dialect):
     (call,) = parser.parse(MALFORMED[dialect], TOOLS).calls
     assert call.error and call.arguments is None
     example = parser.call_text([FunctionCall("code_interpreter", {"code": "..."})])
+    if dialect == "hermes":  # its markers are Qwen's special tokens: the JSON alone (see Hermes.fault)
+        example = example.removeprefix("<tool_call>\n").removesuffix("\n</tool_call>") + " as the tool call's JSON."
     assert call.error.endswith(example), call.error
 
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 
-from retool_env.dialects.base import Dialect, FunctionCall, Scan, read_json_call, scan_blocks
+from retool_env.dialects.base import Dialect, FunctionCall, Scan, example_call, read_json_call, scan_blocks
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
@@ -32,8 +33,17 @@ class Hermes(Dialect):
         return scan
 
     def call_text(self, calls: Sequence[FunctionCall]) -> str:
-        return "\n".join(f'<tool_call>\n{{"name": "{call.name}", "arguments": '
-                         f'{json.dumps(call.arguments, ensure_ascii=False)}}}\n</tool_call>' for call in calls)
+        return "\n".join(f"{OPEN}\n{_call_json(call)}\n{CLOSE}" for call in calls)
+
+    def fault(self, what: str, tools: Sequence[dict[str, Any]] | None = None) -> str:
+        """The example without its `<tool_call>` markers: they are special tokens of Qwen's vocabulary, which a
+        framework that tokenizes the observation's text (GEM, OpenRLHF, SkyRL) would read back as the special token,
+        not as the characters the environment encodes."""
+        return f"{what}. Write {_call_json(example_call(tools))} as the tool call's JSON."
+
+
+def _call_json(call: FunctionCall) -> str:
+    return f'{{"name": "{call.name}", "arguments": {json.dumps(call.arguments, ensure_ascii=False)}}}'
 
 
 Hermes.register()
