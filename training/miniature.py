@@ -435,8 +435,10 @@ NOT_RESULT_SETTINGS = ("out", "seeds", "seed", "seed_list", "parallel_arms", "ev
 
 
 def result_settings(args: Arguments) -> dict:
-    """The settings a seed's metrics depend on (every flag but `NOT_RESULT_SETTINGS`)."""
-    return {key: value for key, value in asdict(args).items() if key not in NOT_RESULT_SETTINGS}
+    """The settings a seed's metrics depend on (every flag but `NOT_RESULT_SETTINGS`), as `seed<k>.json` holds them
+    (JSON: a tuple reads back as a list)."""
+    return json.loads(json.dumps({key: value for key, value in asdict(args).items()
+                                  if key not in NOT_RESULT_SETTINGS}))
 
 
 def seed_summary_path(out: Path, seed: int) -> Path:
