@@ -471,7 +471,7 @@ def test_sft_learning_rate_holds_then_decays_over_the_share_asked():
 
 def test_a_finished_seed_is_reused_only_with_the_settings_it_was_run_with(tmp_path):
     sys.path.insert(0, str(ROOT / "training"))
-    from training.miniature import Arguments, finished_seed, result_settings, seed_summary_path
+    from training.miniature import Arguments, finished_seed, main, result_settings, seed_summary_path
 
     args = Arguments(seed_list=[3, 1], out=str(tmp_path))
     assert finished_seed(args, tmp_path, 3) is None  # nothing there: run it
@@ -482,6 +482,9 @@ def test_a_finished_seed_is_reused_only_with_the_settings_it_was_run_with(tmp_pa
     assert finished_seed(same, tmp_path, 3) == summary
     with pytest.raises(ValueError, match=r"rl_steps differ.*another --out"):  # never mixed into another experiment
         finished_seed(Arguments(seed_list=[3], rl_steps=7), tmp_path, 3)
+    with pytest.raises(ValueError, match="rl_steps differ"):  # a sweep that would mix them stops before it starts
+        main(Arguments(seed_list=[1, 3], rl_steps=7, out=str(tmp_path)))
+    assert not (tmp_path / "metrics.jsonl").exists() and not (tmp_path / "seed1").exists()
 
 
 def test_accuracy_when_the_tool_is_called_has_a_binomial_standard_error_over_those_responses():
