@@ -49,7 +49,7 @@ def smoke_run(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)  # the one smoke run all tests here share: about 40 s alone on 2 cores
+@pytest.mark.timeout(600)  # the one smoke run the slow tests here share: about 70 s on 2 cores at load 3
 def test_miniature_smoke_writes_run_folder(smoke_run):
     out, env = smoke_run, ENV
 
@@ -181,7 +181,7 @@ def comparable(path: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)  # one arm of the smoke config again, one process: about 30 s alone
+@pytest.mark.timeout(600)  # one arm of the smoke config again, one process: about 35 s at load 3
 def test_an_arm_beside_another_and_its_evaluations_gives_the_metrics_of_the_arm_alone(smoke_run, tmp_path):
     """Determinism: the tool arm run alone, its evaluations in its own process one after the other, writes every
     record the shared run wrote for it (arms side by side, evaluations beside the training), in the same order."""
