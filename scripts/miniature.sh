@@ -3,9 +3,9 @@
 # `accelerate launch training/grpo_trl.py`, held-out evaluation per level, for a tool arm and a text-only arm.
 #   bash scripts/miniature.sh            # one seed, both arms (about 10 minutes on 2 CPU cores)
 #   bash scripts/miniature.sh --seeds 3  # mean and spread over three seeds
-#   bash scripts/miniature.sh --seed_list 0 1 2 3 4 5 6  # these seeds, one combined report (targets per seed, mean ± sd)
-#   bash scripts/miniature.sh --smoke    # end to end in under 3 minutes
-# Writes runs/miniature-<timestamp>/ (metrics.jsonl, report.md, plots); --out DIR to choose.
+#   bash scripts/miniature.sh --seed_list 0 1 2 --out runs/sweep  # these seeds; the same command resumes
+#   bash scripts/miniature.sh --smoke    # end to end in about a minute
+# Writes runs/miniature-<timestamp>/ (seed<k>.json, metrics.jsonl, report.md, plots); --out DIR to choose.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

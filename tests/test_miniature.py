@@ -21,31 +21,35 @@ from retool_env.records import read_records, regrade
 
 ROOT = Path(__file__).resolve().parent.parent
 STAGES = ("before_sft", "after_sft", "after_rl")
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
 # As the README gives it (section "Self-correction from injected faults").
 SELF_CORRECTION_RECIPE = ["--fault_rate", "0.2", "--coldstart_fault_share", "0.5", "--max_tool_calls", "3",
                           "--max_completion_tokens", "192"]
 
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+def smoke_command(out: Path, *flags: str) -> list[str]:
+    """The smoke config (tiny: a few SFT and GRPO steps) of the self-correction recipe (injected faults, three
+    calls), so the recovery path runs."""
+    return [sys.executable, "training/miniature.py", "--smoke", *SELF_CORRECTION_RECIPE, *flags, "--out", str(out)]
 
 
 def run_smoke(out: Path, *flags: str) -> Path:
-    """A smoke run of the self-correction recipe (injected faults, three calls), so the recovery path runs, with
-    every RL episode recorded; a checkpoint left by an earlier run in its folder, which must not be evaluated."""
+    """`smoke_command` with every RL episode recorded, run into `out`, where a checkpoint left by an earlier run must
+    not be evaluated."""
     (out / "seed0" / "tool" / "grpo" / "checkpoint-0").mkdir(parents=True)
-    subprocess.run([sys.executable, "training/miniature.py", "--smoke", *SELF_CORRECTION_RECIPE, "--records", *flags,
-                    "--out", str(out)], cwd=ROOT, env=ENV, check=True, timeout=1100)
+    subprocess.run(smoke_command(out, "--records", *flags), cwd=ROOT, env=ENV, check=True, timeout=600)
     return out
 
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory) -> Path:
-    """One default smoke run (arms and evaluations side by side), shared by the tests that read it."""
-    return run_smoke(tmp_path_factory.mktemp("miniature") / "run")
+    """One smoke run, arms side by side and evaluations in a process beside each arm's training, shared by the tests
+    that read it."""
+    return run_smoke(tmp_path_factory.mktemp("miniature") / "run", "--eval_processes", "1")
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1200)  # about 1.5 min alone, 3 beside other jobs on 2 cores
+@pytest.mark.timeout(600)  # the one smoke run the slow tests here share: about 70 s on 2 cores at load 3
 def test_miniature_smoke_writes_run_folder(smoke_run):
     out, env = smoke_run, ENV
 
@@ -73,6 +77,7 @@ def test_miniature_smoke_writes_run_folder(smoke_run):
     assert {r["arm"] for r in steps} == {"tool", "text"}
     assert all(0.0 <= r["accuracy"] <= 1.0 and r["turns"] >= 1 for r in steps)
     assert records[-1]["event"] == "done"
+    assert (out / "seed0.json").exists()  # the seed's summary, written as it finished
 
     # The cold start of the tool arm holds every kind of solution; the text arm's only tool-free ones.
     kinds = {r["arm"]: r["kinds"] for r in records if r["event"] == "coldstart"}
@@ -115,8 +120,12 @@ def test_miniature_smoke_writes_run_folder(smoke_run):
     report = (out / "report.md").read_text()
     assert "## Arm `tool`" in report and "## Arm `text`" in report and "## Targets" in report
     assert "## Held-out evaluation during RL" in report
-    assert "## Self-correction\n" in report and "Over seeds" in report and "recovered rate after an injected fault" in report
+    assert "## Self-correction\n" in report and "Over seeds" in report
+    assert "recovered rate after an injected fault" in report
     assert "On recoverable failures" in report and "On every failed call" in report
+    # Each gain with its standard error beside it, judged against twice that error.
+    assert re.search(r"\| all: accuracy RL - SFT > 2 SE \| [+-]\d\.\d\d ± \d\.\d\d (met|not met) \|", report)
+    assert "| hard: recovered after an injected fault, RL - SFT > 2 SE |" in report
     for arm in ("tool", "text"):
         assert (out / "seed0" / arm / "grpo" / "trainer_state.json").exists()
     records_reproduce_the_logged_rewards(out, env)
@@ -172,36 +181,44 @@ def comparable(path: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1200)
-def test_arms_and_evaluations_side_by_side_give_the_metrics_of_one_after_the_other(smoke_run, tmp_path):
-    # The defaults (the shared run): arms in processes of their own, and evaluations in processes beside the training.
-    runs = {"side-by-side": smoke_run,
-            "one-after-the-other": run_smoke(tmp_path / "run", "--no_parallel_arms", "--eval_processes", "0")}
-    side, one = (comparable(runs[name] / "metrics.jsonl") for name in ("side-by-side", "one-after-the-other"))
-    assert [r["event"] for r in side].count("eval") == 8  # both arms: before and after SFT, checkpoint, after RL
-    assert side == one  # every record, in the same order (the tool arm's, then the text arm's)
-    for name, overlap in (("side-by-side", True), ("one-after-the-other", False)):
-        records = [json.loads(line) for line in (runs[name] / "metrics.jsonl").read_text().splitlines()]
-        assert records[0]["parallel_arms"] is overlap
-        text_starts = next(r["time_s"] for r in records if r.get("arm") == "text")  # its cold start
-        tool_ends = next(r["time_s"] for r in records if r.get("arm") == "tool" and r.get("stage") == "after_rl")
-        assert (text_starts < tool_ends) is overlap, name  # each record keeps the time it was made at
+@pytest.mark.timeout(600)  # one arm of the smoke config again, one process: about 35 s at load 3
+def test_an_arm_beside_another_and_its_evaluations_gives_the_metrics_of_the_arm_alone(smoke_run, tmp_path):
+    """Determinism: the tool arm run alone, its evaluations in its own process one after the other, writes every
+    record the shared run wrote for it (arms side by side, evaluations beside the training), in the same order."""
+    alone = run_smoke(tmp_path / "run", "--arms", "tool", "--no_parallel_arms", "--eval_processes", "0")
+    side, one = ([r for r in comparable(run / "metrics.jsonl") if r.get("arm") == "tool"] for run in (smoke_run, alone))
+    assert [r["event"] for r in side].count("eval") == 4  # before and after SFT, the checkpoint, after RL
+    assert side == one
+    records = [json.loads(line) for line in (smoke_run / "metrics.jsonl").read_text().splitlines()]
+    assert records[0]["parallel_arms"] is True
+    text_starts = next(r["time_s"] for r in records if r.get("arm") == "text")  # its cold start
+    tool_ends = next(r["time_s"] for r in records if r.get("arm") == "tool" and r.get("stage") == "after_rl")
+    assert text_starts < tool_ends  # side by side, each record keeping the time it was made at
+
 
 @pytest.mark.slow
-@pytest.mark.timeout(1200)
-def test_miniature_seed_list_writes_one_combined_report(tmp_path):
+@pytest.mark.timeout(300)
+def test_seed_list_reuses_finished_seeds_and_writes_one_combined_report(smoke_run, tmp_path):
+    """`--seed_list` over seeds whose summaries (`seed<k>.json`) a run with the same settings left in `--out` trains
+    nothing and builds the combined report from those files. The files are the smoke run's seed 0, relabelled."""
     out = tmp_path / "run"
-    subprocess.run([sys.executable, "training/miniature.py", "--smoke", "--arms", "tool", "--seed_list", "3", "1",
-                    "--out", str(out)], cwd=ROOT, env=ENV, check=True, timeout=1100)
+    out.mkdir()
+    finished = json.loads((smoke_run / "seed0.json").read_text())
+    assert (smoke_run / "seed0.json").stat().st_size < 100_000  # a small file to keep
+    for seed in (3, 1):
+        relabelled = {**finished, "seed": seed, "result": {**finished["result"], "seed": seed}}
+        (out / f"seed{seed}.json").write_text(json.dumps(relabelled))
+    subprocess.run(smoke_command(out, "--seed_list", "3", "1"), cwd=ROOT, env=ENV, check=True, timeout=300)
+    events = [json.loads(line)["event"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert events == ["config", "done"]  # nothing trained or evaluated
+    config = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert config["seed_list"] == [3, 1] and not (out / "seed3").exists()
     summary = json.loads((out / "summary.json").read_text())
     assert [r["seed"] for r in summary["results"]] == [3, 1] and len(summary["criteria"]) == 2
-    assert (out / "seed3" / "tool" / "eval-after_rl").is_dir() and (out / "seed1" / "tool" / "eval-after_rl").is_dir()
-    assert not (out / "seed0").exists()
+    assert summary["wall_seconds"] == 2 * finished["wall_seconds"]  # the seeds' own times
     report = (out / "report.md").read_text()
     assert "| target | seed 3 | seed 1 |" in report  # the targets per seed, side by side
     assert "| target | mean | sd | worst seed | seeds met |" in report  # and over the seeds
-    config = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
-    assert config["event"] == "config" and config["seed_list"] == [3, 1]
 
 
 def miniature_script():
@@ -226,32 +243,42 @@ def test_stability_is_the_final_shortfall_from_the_best_of_the_last_30_steps():
 def test_criteria_judge_one_seed_against_the_issue_targets():
     criteria = miniature_script().criteria
 
-    def rows(acc, code, with_tool, hard_acc, hard_code, easy_acc, easy_code, recovered=None):
-        return {"all": {"accuracy": acc, "accuracy_with_tool": with_tool},
+    def rows(acc, code, with_tool, hard_acc, hard_code, easy_acc, easy_code, recovered=None, stderr=0.02):
+        return {"all": {"accuracy": acc, "accuracy_stderr": stderr, "accuracy_with_tool": with_tool,
+                        "accuracy_with_tool_stderr": stderr},
                 "hard": {"accuracy": hard_acc, "code_use": hard_code, "fault_recovery": recovered,
                          "self_correction": correction(10, 0)},  # every failed call: not the target
                 "easy": {"accuracy": easy_acc, "code_use": easy_code}}
 
-    result = {"tool": {"after_sft": rows(0.5, 0.6, 0.7, 0.4, 0.6, 0.9, 0.3, faults(4, 1)),
-                       "after_rl": rows(0.93, 0.8, 0.92, 0.92, 0.99, 0.97, 0.05, faults(10, 8))},
+    result = {"tool": {"after_sft": rows(0.5, 0.6, 0.7, 0.4, 0.6, 0.9, 0.3, faults(40, 10)),
+                       "after_rl": rows(0.93, 0.8, 0.92, 0.92, 0.99, 0.97, 0.05, faults(100, 80))},
               "text": {"after_sft": rows(0.05, 0.0, None, 0.0, 0.0, 0.2, 0.0),
                        "after_rl": rows(0.06, 0.0, None, 0.01, 0.0, 0.25, 0.0)},
               "heldout": {"tool": heldout([(0, 0.5), (30, 0.9), (60, 0.93)])}}
-    verdicts = {name: (value, met) for name, value, met in criteria(result)}
-    assert all(met for _, met in verdicts.values()), verdicts
-    assert verdicts["all: accuracy RL - SFT >= +0.30"][0] == pytest.approx(0.43)
+    verdicts = {name: (value, met, stderr) for name, value, met, stderr in criteria(result)}
+    assert all(met for _, met, _ in verdicts.values()), verdicts
+    assert verdicts[ALL][0] == pytest.approx(0.43) and verdicts[ALL][2] == pytest.approx(math.hypot(0.02, 0.02))
     assert verdicts[RECOVERY][0] == pytest.approx(0.8 - 0.25)
+    assert verdicts[RECOVERY][2] == pytest.approx(math.hypot(math.sqrt(0.25 * 0.75 / 40), math.sqrt(0.8 * 0.2 / 100)))
+    assert verdicts["hard: accuracy after RL >= 0.90"][2] is None  # an absolute target has no error to print
 
     result["tool"]["after_rl"]["easy"]["code_use"] = 0.9  # "always call": not strategic
     result["text"]["after_rl"]["easy"]["accuracy"] = 0.0
-    failed = {name for name, _, met in criteria(result) if not met}
+    failed = {name for name, _, met, _ in criteria(result) if not met}
     assert failed == {"easy: code use after RL <= 0.30", "easy: text RL accuracy > 0"}
 
+    # A gain is met when above two standard errors (here 2 x hypot(0.02, 0.02) = 0.057), however strong the cold start.
+    result["tool"]["after_rl"]["all"]["accuracy"] = result["tool"]["after_sft"]["all"]["accuracy"] + 0.05
+    assert {name: met for name, _, met, _ in criteria(result)}[ALL] is False  # 0.05 < 2 x 0.028
+    result["tool"]["after_rl"]["all"]["accuracy"] += 0.01
+    assert {name: met for name, _, met, _ in criteria(result)}[ALL] is True  # 0.06 > 2 x 0.028
+
     result["tool"]["after_sft"]["hard"]["fault_recovery"] = faults(0, 0)  # no fault after SFT (fault_rate 0): unknown
-    assert (RECOVERY, None, None) in criteria(result)
+    assert (RECOVERY, None, None, None) in criteria(result)
 
 
-RECOVERY = "hard: self-correction on recoverable failures (injected faults) RL - SFT > 0"
+ALL = "all: accuracy RL - SFT > 2 SE"
+RECOVERY = "hard: recovered after an injected fault, RL - SFT > 2 SE"
 
 
 def faults(faulted, recovered, retried=None):
@@ -397,7 +424,8 @@ def test_coldstart_retries_are_refused_again_as_often_as_asked():
     again = coldstart_kinds(problems, shares, 0, fault_share=0.7, retry_share=0.75, again_share=0.2)
     assert "retry_again" not in once
     # The same draws: only retries change kind, about a fifth of them.
-    assert [k for k in again if k != "retry_again"] == [k for k, a in zip(once, again, strict=True) if a != "retry_again"]
+    assert [k for k in again if k != "retry_again"] == [k for k, a in zip(once, again, strict=True)
+                                                        if a != "retry_again"]
     assert {k for k, a in zip(once, again, strict=True) if a == "retry_again"} == {"retry"}
     share = again.count("retry_again") / once.count("retry")
     assert 0.12 < share < 0.28, share
@@ -439,3 +467,37 @@ def test_sft_learning_rate_holds_then_decays_over_the_share_asked():
     assert decayed[:80] == constant[:80]  # held until the last fifth
     assert decayed[81] < 1.0 and decayed[-1] < 0.01
     assert all(a >= b for a, b in itertools.pairwise(decayed[80:]))
+
+
+def test_a_finished_seed_is_reused_only_with_the_settings_it_was_run_with(tmp_path):
+    sys.path.insert(0, str(ROOT / "training"))
+    from training.miniature import Arguments, finished_seed, main, result_settings, seed_summary_path
+
+    args = Arguments(seed_list=[3, 1], out=str(tmp_path))
+    assert finished_seed(args, tmp_path, 3) is None  # nothing there: run it
+    summary = {"seed": 3, "settings": result_settings(args), "wall_seconds": 1.0, "result": {"seed": 3}}
+    seed_summary_path(tmp_path, 3).write_text(json.dumps(summary))
+    # Where and how fast it runs and which seeds: not the metrics' settings, so the seed is reused.
+    same = Arguments(seed_list=[1, 3], out=str(tmp_path / "elsewhere"), parallel_arms=False, eval_processes=0)
+    assert finished_seed(same, tmp_path, 3) == summary
+    with pytest.raises(ValueError, match=r"rl_steps differ.*another --out"):  # never mixed into another experiment
+        finished_seed(Arguments(seed_list=[3], rl_steps=7), tmp_path, 3)
+    with pytest.raises(ValueError, match="rl_steps differ"):  # a sweep that would mix them stops before it starts
+        main(Arguments(seed_list=[1, 3], rl_steps=7, out=str(tmp_path)))
+    assert not (tmp_path / "metrics.jsonl").exists() and not (tmp_path / "seed1").exists()
+
+
+def test_accuracy_when_the_tool_is_called_has_a_binomial_standard_error_over_those_responses():
+    level_rows = miniature_script().level_rows
+
+    def summary(code_ratio, with_tool, responses=100):
+        return {"mean@4": 0.5, "mean@4_stderr": 0.05, "num_problems": 25, "mean_completion_tokens": 30.0,
+                "tools": {"code_ratio": code_ratio, "accuracy_with_tool": with_tool, "responses": responses},
+                "self_correction": correction(0, 0)}
+
+    metrics = {"n_samples": 4, **summary(0.5, 0.8),
+               "by_level": {"easy": summary(0.0, None), "multiply": summary(1, 0.7)}}
+    rows = level_rows(metrics)
+    assert rows["all"]["accuracy_with_tool_stderr"] == pytest.approx(math.sqrt(0.8 * 0.2 / 50))  # 50 responses called
+    assert rows["multiply"]["accuracy_with_tool_stderr"] == pytest.approx(math.sqrt(0.7 * 0.3 / 100))
+    assert rows["easy"]["accuracy_with_tool_stderr"] is None  # no call: no accuracy, no error

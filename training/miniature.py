@@ -16,16 +16,16 @@ model this small reaches long before its samples are reliable. Two arms share mo
   unanswered). Both arms see the same `plain` prompt, which mentions no tool: at this scale a model cannot read
   instructions, and what it knows of the tool comes from its cold start.
 
-    bash scripts/miniature.sh                  # one seed, both arms (about 8 minutes on 2 cores)
+    bash scripts/miniature.sh                  # one seed, both arms (about 10 minutes on 2 cores)
     bash scripts/miniature.sh --seeds 3        # mean and spread over three seeds
-    bash scripts/miniature.sh --seed_list 0 1 2 3 4 5 6  # these seeds, one combined report
-    bash scripts/miniature.sh --smoke          # the pipeline end to end in under 3 minutes (CI)
+    bash scripts/miniature.sh --seed_list 0 1 2 --out runs/sweep  # these seeds; the same command resumes
+    bash scripts/miniature.sh --smoke          # the pipeline end to end in about a minute (CI)
 
-Writes `runs/miniature-<timestamp>/` (or `--out`): `metrics.jsonl` (every evaluation per level, every RL step),
-`report.md` (per-level tables before SFT, after SFT and after RL for both arms, held-out results against RL steps,
-the targets per seed and over seeds, self-correction), `summary.json`, plots (`accuracy.png`, `code_use.png`,
-`self_correction.png`, `heldout.png`, `rl_curves.png`), and per seed and arm the data, the SFT and GRPO models and
-configs, their logs and the evaluations' per-problem samples.
+Writes `runs/miniature-<timestamp>/` (or `--out`): `seed<k>.json` per seed as it finishes (its settings and results;
+a rerun with the same settings skips it), `metrics.jsonl` (every evaluation per level, every RL step), `report.md`
+(per-level tables, held-out results against RL steps, the targets per seed and over seeds, self-correction),
+`summary.json`, plots (`accuracy.png`, `code_use.png`, `self_correction.png`, `heldout.png`, `rl_curves.png`), and
+per seed and arm the data, models, configs, logs and per-problem samples.
 
 Everything random derives from `--seed`: problems, cold-start kinds and typos, tokenizer and weights, SFT order, GRPO
 rollouts (`ReToolRollout` seeds each episode from GRPOConfig's seed and the step) and evaluation samples (each its own
@@ -64,101 +64,95 @@ MINIATURE_ENV = EnvConfig.with_defaults(tool_format="retool", prompt="plain", ma
 
 
 @dataclass
-class Arguments(MINIATURE_ENV):  # type: ignore[misc,valid-type]  # a dataclass built at import time (EnvConfig.with_defaults)
-    out: str | None = field(default=None, metadata={"help": "Run folder (default: runs/miniature-<timestamp>)."})
-    seeds: int = field(default=1, metadata={"help": "Run the whole pipeline for seeds seed, seed+1, ..."})
-    seed: int = field(default=0, metadata={"help": "First seed."})
-    seed_list: list[int] | None = field(default=None, metadata={"help": "The seeds to run, in order (e.g. "
-                                                                       "--seed_list 0 1 2 3 4 5 6), one combined "
-                                                                       "report; replaces --seed and --seeds."})
-    smoke: bool = field(default=False, metadata={"help": "Tiny everything: checks the pipeline end to end (< 3 min)."})
-    arms: str = field(default="tool,text", metadata={"help": "Comma-separated arms to run: tool, text."})
-    parallel_arms: bool = field(default=True, metadata={"help": "Run a seed's arms side by side, each in its own "
-                                                                "process on one core (each stage is seeded, so the "
-                                                                "metrics are those of one arm after the other); "
-                                                                "the seed then takes about as long as its slower "
-                                                                "arm. --no_parallel_arms: one after the other."})
-    records: bool = field(default=False, metadata={"help": "Record every RL episode of the tool arm in "
-                                                           "seed<k>/tool/records.jsonl (retool-env regrade)."})
+class Arguments(MINIATURE_ENV):  # type: ignore[misc,valid-type]  # a dataclass built at import time (with_defaults)
+    out: str | None = field(default=None, metadata={
+        "help": "Run folder; none: runs/miniature-<timestamp>. A rerun into a folder skips the seeds whose "
+        "seed<k>.json it holds (same settings only)."})
+    seeds: int = field(default=1, metadata={"help": "Run seeds --seed, --seed + 1, ... (this many). Range: 1 or more."})
+    seed: int = field(default=0, metadata={"help": "First seed. Range: any integer."})
+    seed_list: list[int] | None = field(default=None, metadata={
+        "help": "The seeds to run, in order (e.g. --seed_list 0 1 2), one combined report; replaces --seed and "
+        "--seeds. Range: distinct integers."})
+    smoke: bool = field(default=False, metadata={
+        "help": "Tiny everything (a few SFT and GRPO steps): checks the pipeline end to end in about a minute; "
+        "learns nothing."})
+    arms: str = field(default="tool,text", metadata={"help": "Comma-separated arms to run. Range: tool, text or both."})
+    parallel_arms: bool = field(default=True, metadata={
+        "help": "Run a seed's arms side by side, each in its own process (same metrics as one after the other; "
+        "--no_parallel_arms for that)."})
+    records: bool = field(default=False, metadata={
+        "help": "Record every RL episode of the tool arm in seed<k>/tool/records.jsonl (retool-env regrade)."})
     # data
-    train_per_level: int = field(default=400, metadata={"help": "Training problems per level."})
-    test_per_level: int = field(default=40, metadata={"help": "Held-out problems per level."})
-    text_share_easy: float = field(default=0.9, metadata={"help": "Cold start: share of easy problems answered "
-                                                                   "directly (the rest use code, self-correcting "
-                                                                   "first). At 0.8, RL's early push toward code on "
-                                                                   "hard problems spread to easy ones in two seeds "
-                                                                   "of three (BENCHMARKS.md)."})
-    text_share_hard: float = field(default=0.4, metadata={"help": "Cold start: share of hard problems answered "
-                                                                   "directly (unlearnable: a guess). RL has to "
-                                                                   "learn that these need the interpreter; more "
-                                                                   "guesses leave RL more to add to the same "
-                                                                   "copying skill."})
-    self_correct_share: float = field(default=0.15, metadata={"help": "Cold start: share whose first code fails "
-                                                                       "and is fixed."})
-    coldstart_fault_share: float = field(default=0.0, metadata={"help": "Cold start: share of the plain code "
-                                                                         "solutions whose first call is refused "
-                                                                         "as `--fault_rate` (EnvConfig's, in GRPO "
-                                                                         "and evaluation) refuses calls. At 0.3 "
-                                                                         "(114 retries in 2,000 solutions) SFT "
-                                                                         "taught retrying too rarely; at 0.7 "
-                                                                         "seed 0's SFT did not learn to copy long "
-                                                                         "outputs into the answer; 0.5 learnt "
-                                                                         "both (BENCHMARKS.md, Pilot)."})
-    coldstart_retry_share: float = field(default=0.75, metadata={"help": "Cold start: share of the refused calls "
-                                                                          "followed by the same call again; the "
-                                                                          "rest answer at once (a guess), so RL has "
-                                                                          "to learn that retrying pays."})
-    coldstart_again_share: float = field(default=0.2, metadata={"help": "Cold start: share of those retries "
-                                                                         "refused again and retried once more (as "
-                                                                         "often as `--fault_rate` refuses a call; "
-                                                                         "needs --max_tool_calls 3 or more)."})
+    train_per_level: int = field(default=400, metadata={"help": "Training problems per level. Range: 1 or more."})
+    test_per_level: int = field(default=40, metadata={"help": "Held-out problems per level. Range: 1 or more."})
+    text_share_easy: float = field(default=0.9, metadata={
+        "help": "Cold start: share of easy problems answered directly (the rest use code, self-correcting "
+        "first). Range: 0-1."})
+    text_share_hard: float = field(default=0.4, metadata={
+        "help": "Cold start: share of hard problems answered directly (a guess), which RL has to learn need the "
+        "interpreter. Range: 0-1."})
+    self_correct_share: float = field(default=0.15, metadata={
+        "help": "Cold start: share whose first code has a typo, read from the interpreter's error and fixed. "
+        "Range: 0-1, with the text share at most 1."})
+    coldstart_fault_share: float = field(default=0.0, metadata={
+        "help": "Cold start: share of the plain code solutions whose first call is refused, as --fault_rate "
+        "refuses calls in GRPO and evaluation; 0: none. Range: 0-1."})
+    coldstart_retry_share: float = field(default=0.75, metadata={
+        "help": "Cold start: share of the refused calls followed by the same call again; the rest answer at once"
+        " (a guess). Range: 0-1."})
+    coldstart_again_share: float = field(default=0.2, metadata={
+        "help": "Cold start: share of those retries refused again and retried once more (needs --max_tool_calls "
+        "3 or more). Range: 0-1."})
     # model
-    vocab_size: int = field(default=400, metadata={"help": "BPE vocabulary (digits stay single characters)."})
-    hidden_size: int = field(default=128, metadata={"help": "Model width; heads are 64 wide."})
-    num_layers: int = field(default=2, metadata={"help": "Transformer layers."})
-    num_kv_heads: int = field(default=2, metadata={"help": "Key/value heads (one per query head). With one shared "
-                                                           "by both, copying digits formed as late as SFT step 670 "
-                                                           "in three seeds; with two, by step 410 (BENCHMARKS.md)."})
+    vocab_size: int = field(default=400, metadata={
+        "help": "BPE vocabulary (digits stay single characters). Range: about 300 or more."})
+    hidden_size: int = field(default=128, metadata={"help": "Model width; heads are 64 wide. Range: a multiple of 64."})
+    num_layers: int = field(default=2, metadata={"help": "Transformer layers. Range: 1 or more."})
+    num_kv_heads: int = field(default=2, metadata={"help": "Key/value heads. Range: a divisor of hidden_size / 64."})
     # cold-start SFT
-    sft_epochs: float = field(default=7.0, metadata={"help": "Epochs over the tool arm's cold start; the text arm "
-                                                              "takes as many steps. Copying the interpreter's "
-                                                              "digits forms suddenly, at a seed-dependent step "
-                                                              "(230-380 of these 875 in the seeds measured)."})
-    sft_decay_share: float = field(default=0.0, metadata={"help": "Share of the SFT steps at the end over which "
-                                                                "the learning rate decays to 0 (a cosine; 0: none)."})
-    sft_batch_size: int = field(default=16, metadata={"help": "SFT batch size."})
-    sft_learning_rate: float = field(default=1e-3, metadata={"help": "SFT learning rate (constant after 10 warm-up steps: copying digits emerges only after enough steps at full rate)."})
+    sft_epochs: float = field(default=7.0, metadata={
+        "help": "Epochs over the tool arm's cold start; the text arm takes as many steps. Range: more than 0."})
+    sft_decay_share: float = field(default=0.0, metadata={
+        "help": "Share of the SFT steps at the end over which the learning rate decays to 0 (a cosine); 0: "
+        "constant after the warm-up. Range: 0-1."})
+    sft_batch_size: int = field(default=16, metadata={"help": "SFT batch size. Range: 1 or more."})
+    sft_learning_rate: float = field(default=1e-3, metadata={
+        "help": "SFT learning rate, after 10 warm-up steps. Range: more than 0."})
     # GRPO
-    rl_steps: int = field(default=120, metadata={"help": "GRPO steps (one optimizer step per generation batch)."})
-    rl_prompts_per_step: int = field(default=4, metadata={"help": "Distinct problems per GRPO step."})
-    num_generations: int = field(default=8, metadata={"help": "Episodes per problem (the GRPO group)."})
-    rl_learning_rate: float = field(default=3e-4, metadata={"help": "GRPO peak learning rate (linear decay to 0)."})
-    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of RL rollouts."})
-    skip_steps_without_signal: bool = field(default=True, metadata={"help": "Skip GRPO steps whose groups all "
-                                                                             "have equal rewards (see grpo_trl.py)."})
-    scale_rewards: str = field(default="batch", metadata={"help": "GRPO advantage scaling (TRL's): batch, group or "
-                                                                   "none. Scaled per group, the shaping's +0.05 for a "
-                                                                   "second failed call becomes a full advantage where "
-                                                                   "every episode is wrong, and a level the model "
-                                                                   "cannot yet solve turns into two garbage calls."})
+    rl_steps: int = field(default=120, metadata={
+        "help": "GRPO steps (one optimizer step per generation batch). Range: 1 or more."})
+    rl_prompts_per_step: int = field(default=4, metadata={"help": "Distinct problems per GRPO step. Range: 1 or more."})
+    num_generations: int = field(default=8, metadata={
+        "help": "Episodes per problem (the GRPO group). Range: 2 or more."})
+    rl_learning_rate: float = field(default=3e-4, metadata={
+        "help": "GRPO peak learning rate (linear decay to 0). Range: more than 0."})
+    temperature: float = field(default=1.0, metadata={
+        "help": "Sampling temperature of RL rollouts. Range: more than 0."})
+    skip_steps_without_signal: bool = field(default=True, metadata={
+        "help": "Skip GRPO steps whose groups all have equal rewards (Adam's momentum would move the weights "
+        "without a signal)."})
+    scale_rewards: str = field(default="batch", metadata={
+        "help": "GRPO advantage scaling (TRL's); per group, the shaping's small rewards become full advantages "
+        "where every episode is wrong. Range: batch, group or none."})
     # environment
-    tool_call_cost: float = field(default=0.05, metadata={"help": "Reward subtracted per executed tool call; below "
-                                                                  "the `retool` shaping's +0.1, so a failed call "
-                                                                  "still beats a wrong guess."})
+    tool_call_cost: float = field(default=0.05, metadata={
+        "help": "Reward subtracted per executed tool call; below the `retool` shaping's +0.1, so a failed call "
+        "still beats a wrong guess. Range: 0-0.1."})
     # evaluation
-    eval_samples: int = field(default=4, metadata={"help": "Samples per held-out problem (mean@k)."})
-    eval_temperature: float = field(default=1.0, metadata={"help": "Evaluation sampling temperature: the policy RL "
-                                                                     "trains, sampled as in rollouts."})
-    eval_every: int = field(default=30, metadata={"help": "Evaluate a GRPO checkpoint every this many steps."})
-    eval_processes: int = field(default=2, metadata={"help": "Processes an arm's evaluations run in, beside its "
-                                                              "training: before SFT while SFT trains, after SFT "
-                                                              "while GRPO trains, the checkpoints' side by side "
-                                                              "(each seeded: the metrics do not change). 0: in "
-                                                              "the arm's process, one after the other."})
+    eval_samples: int = field(default=4, metadata={"help": "Samples per held-out problem (mean@k). Range: 1 or more."})
+    eval_temperature: float = field(default=1.0, metadata={
+        "help": "Evaluation sampling temperature: the policy RL trains, sampled as in rollouts. Range: more than"
+        " 0."})
+    eval_every: int = field(default=30, metadata={
+        "help": "Evaluate a GRPO checkpoint every this many steps. Range: 1 or more."})
+    eval_processes: int = field(default=2, metadata={
+        "help": "Processes an arm's evaluations run in, beside its training (same metrics); 0: in the arm's "
+        "process, one after the other. Range: 0 or more."})
 
     def apply_smoke(self) -> None:
-        """Shrink everything so the pipeline runs end to end in well under 3 minutes."""
-        self.train_per_level, self.test_per_level = 24, 4
+        """Shrink everything so the pipeline runs end to end in about a minute: the cost left is each stage's
+        process start."""
+        self.train_per_level, self.test_per_level = 24, 2
         self.num_layers, self.sft_epochs, self.rl_steps, self.rl_prompts_per_step = 2, 1.0, 2, 2
         self.num_generations, self.eval_samples, self.eval_every = 4, 2, 1
 
@@ -236,8 +230,8 @@ def run_grpo(args: Arguments, arm: str, model_dir: Path, problems: Path, out: Pa
     if args.records and arm == "tool":
         config["records_path"] = str(out.parent / "records.jsonl")
     yaml_path = write_yaml(out.parent / "grpo.yaml", config)
-    run_logged([sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "1", "--num_machines", "1",
-                "--mixed_precision", "no", "--dynamo_backend", "no", "training/grpo_trl.py",
+    run_logged([sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "1",
+                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "training/grpo_trl.py",
                 "--config", str(yaml_path)], out.parent / "grpo.log")
     return out
 
@@ -256,10 +250,11 @@ def evaluate_model(args: Arguments, arm: str, model_dir: Path, problems: list, o
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32")
     metrics = evaluate(problems, HFGenerator(model, tokenizer), tokenizer, n_samples=n_samples or args.eval_samples,
-                    sampling=SamplingParams(temperature=args.eval_temperature, seed=seed), out=out, concurrency=64, progress=True,
-                    config={"model": str(model_dir), "backend": "hf", "dataset": "miniature test", "arm": arm,
-                            "tool_format": "retool"},
-                    **env_settings(args, arm, seed))
+                       sampling=SamplingParams(temperature=args.eval_temperature, seed=seed), out=out,
+                       concurrency=64, progress=True,
+                       config={"model": str(model_dir), "backend": "hf", "dataset": "miniature test", "arm": arm,
+                               "tool_format": "retool"},
+                       **env_settings(args, arm, seed))
     return with_fault_recovery(metrics, out / "per_problem.jsonl")
 
 
@@ -305,7 +300,8 @@ def run_seed(args: Arguments, seed: int, out: Path, log, start: float) -> dict:
     # 1. Problems: held-out test first, then training problems that never repeat a hard test question.
     test = make_problems(args.test_per_level, seed=10_000 + seed)
     train = make_problems(args.train_per_level, seed=seed, exclude={p.question for p in test})
-    train_path, test_path = write_problems(train, seed_dir / "train.jsonl"), write_problems(test, seed_dir / "test.jsonl")
+    train_path = write_problems(train, seed_dir / "train.jsonl")
+    test_path = write_problems(test, seed_dir / "test.jsonl")
     test = load_problems(test_path)
 
     # 2. Tokenizer and model: a BPE without digit merges, a small random Qwen2 (same weights for both arms).
@@ -434,6 +430,45 @@ def seed_list(args: Arguments) -> list[int]:
     return seeds
 
 
+# Settings that change no metric: where and how fast a run goes, and which seeds it runs.
+NOT_RESULT_SETTINGS = ("out", "seeds", "seed", "seed_list", "parallel_arms", "eval_processes", "records")
+
+
+def result_settings(args: Arguments) -> dict:
+    """The settings a seed's metrics depend on (every flag but `NOT_RESULT_SETTINGS`), as `seed<k>.json` holds them
+    (JSON: a tuple reads back as a list)."""
+    return json.loads(json.dumps({key: value for key, value in asdict(args).items()
+                                  if key not in NOT_RESULT_SETTINGS}))
+
+
+def seed_summary_path(out: Path, seed: int) -> Path:
+    return out / f"seed{seed}.json"
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write `path` whole or not at all: a run stopped while writing leaves no half a summary."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def finished_seed(args: Arguments, out: Path, seed: int) -> dict | None:
+    """The summary an earlier run with the same settings wrote for `seed` in `out` (`seed<k>.json`, a small file to
+    keep, e.g. under bench/results/miniature/), or None when there is none; one written with other settings is an
+    error, not a result to mix in."""
+    path = seed_summary_path(out, seed)
+    if not path.exists():
+        return None
+    finished = json.loads(path.read_text())
+    settings = result_settings(args)
+    differ = sorted(key for key in {*settings, *finished["settings"]}
+                    if settings.get(key) != finished["settings"].get(key))
+    if differ:
+        raise ValueError(f"{path} was written with other settings ({', '.join(differ)} differ): run with the same "
+                         f"settings to reuse it, or pass another --out")
+    return finished
+
+
 def main(args: Arguments) -> Path:
     if args.smoke:
         args.apply_smoke()
@@ -441,23 +476,39 @@ def main(args: Arguments) -> Path:
         raise ValueError(f"--coldstart_again_share {args.coldstart_again_share} shows a third call: it needs "
                          f"--max_tool_calls 3 or more (got {args.max_tool_calls}), or --coldstart_again_share 0")
     out = Path(args.out or ROOT / "runs" / f"miniature-{time.strftime('%Y%m%d-%H%M%S')}")
+    seeds = seed_list(args)
+    finished = {seed: finished_seed(args, out, seed) for seed in seeds}  # refused before anything runs
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()
-    with open(out / "metrics.jsonl", "w") as metrics_file:
+    results, seed_seconds = [], []
+    with open(out / "metrics.jsonl", "a") as metrics_file:  # a rerun adds the seeds it runs
 
         def log(record: dict) -> None:  # a record that has its time (made in an arm's process) keeps it
             metrics_file.write(json.dumps({"time_s": round(time.time() - start, 1), **record}) + "\n")
             metrics_file.flush()
 
         log({"event": "config", **asdict(args)})
-        results = [run_seed(args, seed, out, log, start) for seed in seed_list(args)]
-        wall = time.time() - start
-        log({"event": "done", "wall_seconds": round(wall, 1)})
+        for seed in seeds:
+            summary = finished[seed]
+            if summary is None:
+                seed_start = time.time()
+                result = run_seed(args, seed, out, log, start)
+                text = json.dumps({"seed": seed, "settings": result_settings(args),
+                                   "wall_seconds": round(time.time() - seed_start, 1), "result": result},
+                                  separators=(",", ":"))
+                write_atomically(seed_summary_path(out, seed), text)
+                summary = json.loads(text)  # as a rerun reads it back
+            else:
+                print(f"seed {seed}: finished in an earlier run ({seed_summary_path(out, seed)}), not run again")
+            results.append(summary["result"])
+            seed_seconds.append(summary["wall_seconds"])
+        log({"event": "done", "wall_seconds": round(time.time() - start, 1)})
+    wall = sum(seed_seconds)  # the seeds' own times, in this run or the earlier one that ran them
     (out / "summary.json").write_text(json.dumps({"wall_seconds": wall, "results": results,
                                                   "criteria": [criteria(r) for r in results]}, indent=2))
     write_report(args, out, results, wall)
     plot(out, results, args.arms.split(","))
-    print(f"\nDone in {wall / 60:.1f} min: {out / 'report.md'}")
+    print(f"\nDone: {out / 'report.md'} (the seeds took {wall / 60:.1f} min)")
     return out
 
 

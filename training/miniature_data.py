@@ -152,7 +152,8 @@ def write_coldstart(problems: Sequence[Problem], kinds: Sequence[str], path: Pat
     for p, kind in zip(problems, kinds, strict=True):
         code = p.metadata["code"]
         plans.append({"text": [], "code": [(code, False)], "self_correct": [(_bug(code, rng), False), (code, False)],
-                      "retry": [(code, True), (code, False)], "retry_again": [(code, True), (code, True), (code, False)],
+                      "retry": [(code, True), (code, False)],
+                      "retry_again": [(code, True), (code, True), (code, False)],
                       "give_up": [(code, True)]}[kind])
     outputs = iter(run_codes([c for codes in plans for c, refused in codes if not refused]))
     counts: dict[str, int] = {}

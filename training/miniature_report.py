@@ -66,9 +66,13 @@ def level_rows(metrics: dict) -> dict[str, dict]:
     mean_at_n = f"mean@{metrics['n_samples']}"
 
     def row(m: dict) -> dict:
+        tools = m["tools"]
+        # Binomial over the responses with a call that ran (the samples of one problem counted as independent).
+        with_tool = round((tools["code_ratio"] or 0) * tools.get("responses", 0))
         return {"accuracy": m[mean_at_n], "accuracy_stderr": m.get(f"{mean_at_n}_stderr"),
-                "code_use": m["tools"]["code_ratio"],
-                "accuracy_with_tool": m["tools"]["accuracy_with_tool"], "problems": m["num_problems"],
+                "code_use": tools["code_ratio"], "accuracy_with_tool": tools["accuracy_with_tool"],
+                "accuracy_with_tool_stderr": binomial_stderr(round((tools["accuracy_with_tool"] or 0) * with_tool),
+                                                             with_tool), "problems": m["num_problems"],
                 "completion_tokens": m["mean_completion_tokens"], "self_correction": m.get("self_correction"),
                 "fault_recovery": m.get("fault_recovery")}
 
@@ -106,44 +110,61 @@ def drop_over_last(heldout: list[dict], window: int = 30) -> float | None:
         heldout[-1]["levels"]["all"]["accuracy"]
 
 
-RECOVERY_TARGET = "hard: self-correction on recoverable failures (injected faults) RL - SFT > 0"
+RECOVERY_TARGET = "hard: recovered after an injected fault, RL - SFT > 2 SE"
+WITH_TOOL_TARGET = "accuracy when the tool is called: RL - SFT > 2 SE"
+ALL_TARGET = "all: accuracy RL - SFT > 2 SE"
+
+
+def gain(before: float | None, after: float | None, stderrs: tuple[float | None, float | None]
+         ) -> tuple[float | None, float | None]:
+    """after - before and its standard error (the two evaluations are independent samples); (None, None) when either
+    value or standard error is unknown."""
+    if before is None or after is None or None in stderrs:
+        return None, None
+    return after - before, math.hypot(*stderrs)  # type: ignore[arg-type]  # None excluded above
+
+
+def stage_gain(result: dict, level: str, key: str, stderr_key: str) -> tuple[float | None, float | None]:
+    """The tool arm's `key` on `level`, after RL minus after SFT, with its standard error."""
+    sft, rl = (result["tool"][stage][level] for stage in ("after_sft", "after_rl"))
+    return gain(sft.get(key), rl.get(key), (sft.get(stderr_key), rl.get(stderr_key)))
 
 
 def recovery_gain(result: dict) -> tuple[float | None, float | None]:
     """The tool arm's recovered rate after an injected fault (`fault_recovery`) on the hard levels, after RL minus
-    after SFT, and its standard error (the two evaluations are independent samples); (None, None) when either stage
-    has no response with a fault (a run with `fault_rate` 0)."""
-    stages = [(result["tool"][stage]["hard"].get("fault_recovery") or {}) for stage in ("after_sft", "after_rl")]
-    rates = [s.get("recovered_rate") for s in stages]
-    if rates[0] is None or rates[1] is None:
-        return None, None
-    return rates[1] - rates[0], math.hypot(*(s["recovered_rate_stderr"] for s in stages))
+    after SFT, and its standard error; (None, None) when either stage has no response with a fault (a run with
+    `fault_rate` 0)."""
+    sft, rl = (result["tool"][stage]["hard"].get("fault_recovery") or {} for stage in ("after_sft", "after_rl"))
+    return gain(sft.get("recovered_rate"), rl.get("recovered_rate"),
+                (sft.get("recovered_rate_stderr"), rl.get("recovered_rate_stderr")))
 
 
-def criteria(result: dict) -> list[tuple[str, float | None, bool | None]]:
-    """The issue's targets for one seed: (name, measured value, met)."""
+def criteria(result: dict) -> list[tuple[str, float | None, bool | None, float | None]]:
+    """The issue's targets for one seed: (name, measured value, met, the value's standard error where it is a gain).
+    A gain is met when RL is above SFT by more than two standard errors: a fixed gain would punish a strong cold
+    start and reward a weak one."""
     tool, text = result.get("tool"), result.get("text")
     out = []
 
-    def check(name: str, value: float | None, ok: bool | None) -> None:
-        out.append((name, value, ok if value is not None else None))
+    def check(name: str, value: float | None, ok: bool | None, stderr: float | None = None) -> None:
+        out.append((name, value, ok if value is not None else None, stderr))
+
+    def check_gain(name: str, found: tuple[float | None, float | None]) -> None:
+        value, stderr = found
+        check(name, value, value is not None and stderr is not None and value > 2 * stderr, stderr)
 
     if tool:
-        rl, sft = tool["after_rl"], tool["after_sft"]
+        rl = tool["after_rl"]
         check("hard: code use after RL >= 0.95", rl["hard"]["code_use"], rl["hard"]["code_use"] >= 0.95)
         check("hard: accuracy after RL >= 0.90", rl["hard"]["accuracy"], rl["hard"]["accuracy"] >= 0.90)
         easy_code = rl["easy"]["code_use"] or 0.0
         check("easy: code use after RL <= 0.30", easy_code, easy_code <= 0.30)
         check("easy: accuracy after RL >= 0.90", rl["easy"]["accuracy"], rl["easy"]["accuracy"] >= 0.90)
-        with_tool = [s["all"]["accuracy_with_tool"] for s in (sft, rl)]
-        gain = None if None in with_tool else with_tool[1] - with_tool[0]
-        check("accuracy when the tool is called: RL - SFT >= +0.10", gain, gain is not None and gain >= 0.10)
-        gain = rl["all"]["accuracy"] - sft["all"]["accuracy"]
-        check("all: accuracy RL - SFT >= +0.30", gain, gain >= 0.30)
+        check_gain(WITH_TOOL_TARGET, stage_gain(result, "all", "accuracy_with_tool", "accuracy_with_tool_stderr"))
+        check_gain(ALL_TARGET, stage_gain(result, "all", "accuracy", "accuracy_stderr"))
         drop = drop_over_last(result.get("heldout", {}).get("tool", []))
         check("tool RL: held-out accuracy drop over the last 30 steps <= 0.05", drop, drop is not None and drop <= 0.05)
-        gain, _ = recovery_gain(result)
-        check(RECOVERY_TARGET, gain, gain is not None and gain > 0)
+        check_gain(RECOVERY_TARGET, recovery_gain(result))
     if tool and text:
         gap = tool["after_rl"]["hard"]["accuracy"] - text["after_rl"]["hard"]["accuracy"]
         check("hard: tool RL - text RL >= +0.50", gap, gap >= 0.50)
@@ -214,14 +235,8 @@ def recovery_gain_line(results: list[dict]) -> str:
     values = [gain for _, gain, _ in gains if gain is not None]
     mean = statistics.mean(values) if values else None
     se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) >= 2 else None
-    return (f"Hard levels, recovered rate after an injected fault, after RL - after SFT (tool arm): {per_seed}; mean over "
-            f"{len(values)} seed(s) {_signed(mean)} ± {_fmt(se)}.")
-
-
-def _recovery_stderr(result: dict) -> str:
-    """The " ± SE" of a seed's recovery gain, for its cell in the targets table; "" when unknown."""
-    _, se = recovery_gain(result)
-    return "" if se is None else f" ± {se:.2f}"
+    return (f"Hard levels, recovered rate after an injected fault, after RL - after SFT (tool arm): {per_seed}; "
+            f"mean over {len(values)} seed(s) {_signed(mean)} ± {_fmt(se)}.")
 
 
 def _signed(value: float | None) -> str:
@@ -239,7 +254,7 @@ def seed_summary(results: list[dict]) -> list[dict]:
     statistics but not of `seeds`."""
     table = [criteria(r) for r in results]
     summary = []
-    for i, (name, _, _) in enumerate(table[0]):
+    for i, (name, *_) in enumerate(table[0]):
         measured = [(r["seed"], value) for r, t in zip(results, table, strict=True) if (value := t[i][1]) is not None]
         values = [v for _, v in measured]
         pick = min if _higher_is_better(name) else max
@@ -325,9 +340,10 @@ def write_report(args: Any, out: Path, results: list[dict], wall_s: float) -> No
     lines += ["## Targets", "", "| target | " + " | ".join(f"seed {r['seed']}" for r in results) + " |",
               "|---|" + "---|" * len(results)]
     table = [criteria(r) for r in results]
-    for i, (name, _, _) in enumerate(table[0]):
-        cells = [f"{_fmt(t[i][1])}{_recovery_stderr(r) if name == RECOVERY_TARGET else ''} "
-                 f"{'met' if t[i][2] else 'not met' if t[i][2] is False else 'n/a'}" for r, t in zip(results, table, strict=True)]
+    for i, (name, *_) in enumerate(table[0]):
+        cells = [f"{_fmt(value) if stderr is None else f'{_signed(value)} ± {stderr:.2f}'} "
+                 f"{'met' if met else 'not met' if met is False else 'n/a'}" for _, value, met, stderr in
+                 (t[i] for t in table)]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", "Over seeds (worst: the lowest value, or the highest for a `<=` target):", "",
               "| target | mean | sd | worst seed | seeds met |", "|---|---|---|---|---|"]
