@@ -431,6 +431,21 @@ def test_host_data_is_invisible(sandbox, host_data):
         assert path.stat().st_mode & 0o004 and all(d.stat().st_mode & 0o001 for d in path.parents), path
 
 
+def test_the_problems_shipped_in_the_package_read_as_empty(sandbox):
+    """The view binds the package for its code; its problem files (gold answers: the bare `gym.make`'s default
+    dataset) read as empty, by path and by a walk."""
+    shipped = [Path(p) for p in isolation.package_datasets()]
+    assert any(p.name == "math_sample.jsonl" for p in shipped)
+    assert shipped and all(p.read_text().count('"answer"') > 0 for p in shipped)  # the trainer reads them
+    code = ("import os\nfor path in {paths!r}:\n    print(path, repr(open(path).read()))\n"
+            "print(sum(os.path.getsize(os.path.join(t, n)) for t, _, ns in os.walk({package!r}) for n in ns "
+            "if n.endswith('.jsonl')))")
+    result = sandbox.run_sync(code.format(paths=[str(p) for p in shipped], package=str(shipped[0].parent.parent)))
+    assert result.status == "ok", result
+    assert '"answer"' not in result.output and result.stdout.splitlines()[-1] == "0", result.output
+    assert all(f"{p} ''" in result.stdout for p in shipped)
+
+
 def test_the_view_holds_only_the_allowlist(sandbox):
     """Top-level entries, /etc, /dev and the trainer's working directory, seen from a call."""
     code = ("import os, json\nprint(json.dumps([sorted(os.listdir('/')), sorted(os.listdir('/etc')), "
@@ -640,26 +655,31 @@ def test_a_session_over_its_share_is_the_one_closed_and_is_told():
     assert (again.stdout, again.note) == ("fresh\n", ""), again
 
 
-def test_the_sweep_kills_a_chain_that_one_pass_misses():
+def test_the_sweep_kills_a_chain_that_one_pass_misses(tmp_path):
     """The mechanism, on the host where forks are fast: processes in one session that fork as they exit. One pass
-    over /proc often leaves some of them running; `confine.sweep` leaves none."""
+    over /proc often leaves some of them running; `confine.sweep` leaves none. Each link also stops at a flag the
+    test raises at its end, so the host keeps no chain whatever the sweep did."""
     from retool_env.sandbox.forkserver import confine
 
+    stop = str(tmp_path / "stop")
     leader = os.fork()
     if leader == 0:
         os.setsid()
         for _ in range(8):
             if os.fork() == 0:
-                while True:
+                while not os.path.exists(stop):
                     if os.fork():
                         os._exit(0)
-        while True:
-            time.sleep(1)
+                os._exit(0)
+        while not os.path.exists(stop):
+            time.sleep(0.1)
+        os._exit(0)
     try:
         time.sleep(0.5)
         assert confine.sweep(leader) == 0
         time.sleep(0.3)
         assert confine._live(confine.processes_of_session(leader)) == []
     finally:
+        open(stop, "w").close()
         confine.sweep(leader)
         os.waitpid(leader, 0)

@@ -6,7 +6,8 @@ of the new pid namespace, and builds an allowlist root on a tmpfs with bind moun
 
 - read-only: the interpreter's install and every `sys.path` entry of the server (a fresh `python -s` with an empty
   environment: no working directory, script directory, PYTHONPATH or user site), this package (`retool_env/`, not
-  the checkout around it), the system libraries (`/usr/lib*`, `/lib*`), `/etc/ld.so.cache` and `extra_paths`;
+  the checkout around it; the problem files it ships read as empty), the system libraries (`/usr/lib*`, `/lib*`),
+  `/etc/ld.so.cache` and `extra_paths`;
 - a minimal `/etc` (passwd, group, hosts, nsswitch.conf written for the view), a `/dev` of null, zero, full,
   random, urandom and tty, the new pid namespace's own `/proc` (with `/proc/sys` read-only), and tmpfs mounts at
   `/tmp` and `/dev/shm` that each child covers again with its own; a second `/proc` at `PRIVATE_PROC` mounted
@@ -129,6 +130,18 @@ def python_paths() -> list[str]:
         candidates.add(os.path.join(libdir, library))
     found = {os.path.realpath(p) for p in candidates} | {os.path.abspath(p) for p in candidates}
     return _outermost({p for p in found if os.path.exists(p) and p not in above and p != "/"})
+
+
+_DATASET_SUFFIXES = (".jsonl", ".parquet", ".csv")
+
+
+def package_datasets() -> list[str]:
+    """The problem files shipped inside this package (`data/math_sample.jsonl`, gold answers included): the view
+    binds the package for its code, and covers each of these with an empty file."""
+    package = _package()
+    found = {os.path.join(top, name) for root in {package, os.path.realpath(package)}
+             for top, _, names in os.walk(root) for name in names if name.endswith(_DATASET_SUFFIXES)}
+    return sorted(found)
 
 
 def view_paths(extra_paths: list[str] | tuple[str, ...] = ()) -> list[str]:
@@ -268,6 +281,7 @@ def build_view(read_only: list[str], writable: list[str], *, tmp_mb: int, shm_mb
     """Replace this mount namespace's root with the allowlist view (the caller has unshared it). Returns what each
     child binds back over its own /tmp: (a second view of a path under /tmp, the path)."""
     old = "/.host"
+    covered = package_datasets()
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing done here reaches the host's namespace
     # /tmp as the new root's mount point: pivot_root moves it away, so the host's /tmp stays reachable under old.
     _mount("tmpfs", "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, "size=16m,mode=755")
@@ -279,6 +293,9 @@ def build_view(read_only: list[str], writable: list[str], *, tmp_mb: int, shm_mb
     for path in read_only:
         if os.path.lexists(old + path):
             _bind(old + path, path)
+    for path in covered:
+        if os.path.isfile(path):
+            _bind(old + os.devnull, path, devices=True)  # reads as empty
     rebinds = [(f"{REBIND_DIR}/{i}", path) for i, path in enumerate(
         p for p in read_only if (p == "/tmp" or p.startswith("/tmp/")) and os.path.lexists(old + p))]
     for copy, path in rebinds:  # each child's own /tmp covers the first
