@@ -13,6 +13,7 @@ import os
 import secrets
 import signal
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 ROOT = "/sys/fs/cgroup"
@@ -187,6 +188,23 @@ class CallGroup:
             return [int(line) for line in _read(f"{self.dirs[0]}/cgroup.procs").split()]
         except OSError:
             return []
+
+    @contextlib.contextmanager
+    def forks_held(self) -> Iterator[None]:
+        """While inside, no process in the group can fork (pids.max 0; a fork already past the check completes), so
+        what is listed after a fork's parent has died is all there is."""
+        limit = f"{self.dirs[0 if self.version == 2 else 1]}/pids.max"
+        try:
+            before = _read(limit).strip()
+            _write(limit, "0")
+        except OSError:
+            before = None
+        try:
+            yield
+        finally:
+            if before is not None:
+                with contextlib.suppress(OSError):
+                    _write(limit, before)
 
     def kill(self) -> int:
         """SIGKILL every process in the group, wherever it moved in the process tree; returns how many. On cgroup v2

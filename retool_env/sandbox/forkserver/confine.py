@@ -242,21 +242,23 @@ def prepare(*, parent: int, keep: tuple[int, ...], layers: Layers, limits: Limit
         (head if session else single_use).install(os.getpid())
 
 
+def _stat(pid: int | str) -> tuple[str, int, int] | None:
+    """(state, process group, session) of `pid`, or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return fields[0], int(fields[2]), int(fields[3])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def processes_of_session(sid: int) -> list[int]:
     """Every process in session `sid`: what a call left running. Model code cannot leave its session (seccomp
     refuses setsid), and every child starts one of its own, so the session id names a call's processes."""
     found = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            if int(fields[3]) != sid:
-                continue
-        except (OSError, ValueError, IndexError):
-            continue
-        found.append(int(entry))
+        if entry.isdigit() and (stat := _stat(entry)) is not None and stat[2] == sid:
+            found.append(int(entry))
     return found
 
 
@@ -269,14 +271,14 @@ def kill_session(sid: int, keep: int | None = None) -> int:
     return len(victims)
 
 
+def _alive(pid: int) -> bool:
+    stat = _stat(pid)
+    return stat is not None and stat[0] not in ("Z", "X")  # a zombie holds no memory and runs nothing
+
+
 def _live(pids: list[int]) -> list[int]:
-    """Those of `pids` not yet dead (a zombie holds no memory and runs nothing)."""
-    alive = []
-    for pid in pids:
-        with contextlib.suppress(OSError, IndexError), open(f"/proc/{pid}/stat") as f:
-            if f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
-                alive.append(pid)
-    return alive
+    """Those of `pids` not yet dead."""
+    return [pid for pid in pids if _alive(pid)]
 
 
 def wait_stopped(pid: int, wait: float = 1.0) -> bool:
@@ -298,21 +300,44 @@ def wait_stopped(pid: int, wait: float = 1.0) -> bool:
         time.sleep(0.0005)
 
 
+def _kill(pid: int, spare_group: int | None) -> None:
+    """SIGKILL `pid` and its process group (unless that is `spare_group`). A group signal also reaches a fork in
+    flight: the kernel restarts a fork it interrupts, so a group that never split up dies whole at once."""
+    stat = _stat(pid)
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
+    if stat is not None and stat[1] != spare_group:
+        with contextlib.suppress(OSError):
+            os.killpg(stat[1], signal.SIGKILL)
+
+
 def sweep(sid: int, group: CallGroup | None = None, keep: int | None = None, wait: float = 2.0) -> int:
-    """Kill everything of a call but `keep`: its session and its cgroup (which a setsid() does not leave), pass
-    after pass until a pass finds nothing alive. One pass is not enough: a process forked while it ran is missed,
-    but its parent is killed, and a killed process forks no more, so the next pass finds the last. Returns how
-    many are still alive after `wait` seconds (0 unless one would not die)."""
+    """Kill everything of a call but `keep`: its session and its cgroup (which a setsid() does not leave), round
+    after round. A round lists the call's processes, kills each with its process group, and waits until every one
+    is dead. The call is empty when a round lists no process the earlier rounds did not see die: a process forked
+    by one they killed exists by then, since its parent died after the fork. With a cgroup nothing in it can fork
+    meanwhile, so that holds for every process; without one, a process forked and reaped between a round's listing
+    and its look at each process is not seen, and a group signal (which no fork outruns) covers those that stayed in
+    their group. Returns how many are still alive after `wait` seconds (0 unless one would not die)."""
     deadline = time.monotonic() + wait
-    while True:
-        found = set(processes_of_session(sid)) | set(group.pids() if group is not None else ())
-        alive = _live(sorted(found - {keep}))
-        for pid in alive:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        if not alive or time.monotonic() > deadline:
-            return len(alive)
-        time.sleep(0.001)  # killed processes take a moment to exit
+    if group is not None and keep is None:
+        group.kill()
+    kept = _stat(keep) if keep is not None else None
+    spare = kept[1] if kept is not None else None
+    dead: set[int] = set()
+    with group.forks_held() if group is not None else contextlib.nullcontext():
+        while True:
+            found = set(processes_of_session(sid)) | set(group.pids() if group is not None else ())
+            new = sorted(pid for pid in found - {keep} if pid not in dead or _alive(pid))  # a pid reused is new
+            if not new:
+                return 0
+            for pid in new:
+                _kill(pid, spare)
+            while alive := _live(new):
+                if time.monotonic() > deadline:
+                    return len(alive)
+                time.sleep(0.0005)  # killed processes take a moment to exit
+            dead.update(new)
 
 
 def status() -> dict[str, object]:
