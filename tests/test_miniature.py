@@ -22,15 +22,12 @@ from retool_env.records import read_records, regrade
 ROOT = Path(__file__).resolve().parent.parent
 STAGES = ("before_sft", "after_sft", "after_rl")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-# As the README gives it (section "Self-correction from injected faults").
-SELF_CORRECTION_RECIPE = ["--fault_rate", "0.2", "--coldstart_fault_share", "0.5", "--max_tool_calls", "3",
-                          "--max_completion_tokens", "192"]
 
 
 def smoke_command(out: Path, *flags: str) -> list[str]:
-    """The smoke config (tiny: a few SFT and GRPO steps) of the self-correction recipe (injected faults, three
-    calls), so the recovery path runs."""
-    return [sys.executable, "training/miniature.py", "--smoke", *SELF_CORRECTION_RECIPE, *flags, "--out", str(out)]
+    """The smoke config (tiny: a few SFT and GRPO steps) of the defaults, injected faults and three calls
+    included, so the recovery path runs."""
+    return [sys.executable, "training/miniature.py", "--smoke", *flags, "--out", str(out)]
 
 
 def run_smoke(out: Path, *flags: str) -> Path:

@@ -1,6 +1,6 @@
 """ReTool in miniature: cold-start SFT, then GRPO with a Python interpreter, on a CPU in minutes.
 
-The whole ReTool pipeline at toy scale, through the code a GPU run uses: a small tokenizer and a ~0.38M-parameter Qwen2
+The whole ReTool pipeline at toy scale, through the code a GPU run uses: a small tokenizer and a ~0.54M-parameter Qwen2
 (head_dim 64, so vLLM loads it too) are built offline; procedural problems come at five levels (`easy` sums a model
 can do in its head, and four hard levels one line of Python solves: see `training/miniature_data.py`); cold-start
 trajectories (direct answers, code, and code that fails and is fixed) train the model with `training/sft_trl.py`;
@@ -16,7 +16,7 @@ model this small reaches long before its samples are reliable. Two arms share mo
   unanswered). Both arms see the same `plain` prompt, which mentions no tool: at this scale a model cannot read
   instructions, and what it knows of the tool comes from its cold start.
 
-    bash scripts/miniature.sh                  # one seed, both arms (about 10 minutes on 2 cores)
+    bash scripts/miniature.sh                  # one seed, both arms (about 16 minutes on 2 cores)
     bash scripts/miniature.sh --seeds 3        # mean and spread over three seeds
     bash scripts/miniature.sh --seed_list 0 1 2 --out runs/sweep  # these seeds; the same command resumes
     bash scripts/miniature.sh --smoke          # the pipeline end to end in about a minute (CI)
@@ -55,12 +55,12 @@ from retool_env.rollout import derive_seed
 ROOT = Path(__file__).resolve().parent.parent
 
 
-# The miniature's environment: the paper's format, small budgets (every EnvConfig field is a flag as well).
-# The self-correction recipe (README, "Self-correction from injected faults") adds to these `--fault_rate 0.2
-# --coldstart_fault_share 0.5 --max_tool_calls 3 --max_completion_tokens 192`: three calls, so that a retry refused
-# again can still recover, and the tokens three digit-sum calls and the answer need.
-MINIATURE_ENV = EnvConfig.with_defaults(tool_format="retool", prompt="plain", max_tool_calls=2, max_turn_tokens=48,
-                                        max_completion_tokens=160, max_observation_tokens=48)
+# The miniature's environment: the paper's format, small budgets (every EnvConfig field is a flag as well). A fifth
+# of the tool calls are refused before they run (`fault_rate`), a failure any model can recover from by reading the
+# interpreter, so every run measures self-correction; three calls, so that a retry refused again can still recover,
+# and the tokens three digit-sum calls and the answer need.
+MINIATURE_ENV = EnvConfig.with_defaults(tool_format="retool", prompt="plain", max_tool_calls=3, max_turn_tokens=48,
+                                        max_completion_tokens=192, max_observation_tokens=48, fault_rate=0.2)
 
 
 @dataclass
@@ -94,7 +94,7 @@ class Arguments(MINIATURE_ENV):  # type: ignore[misc,valid-type]  # a dataclass 
     self_correct_share: float = field(default=0.15, metadata={
         "help": "Cold start: share whose first code has a typo, read from the interpreter's error and fixed. "
         "Range: 0-1, with the text share at most 1."})
-    coldstart_fault_share: float = field(default=0.0, metadata={
+    coldstart_fault_share: float = field(default=0.5, metadata={
         "help": "Cold start: share of the plain code solutions whose first call is refused, as --fault_rate "
         "refuses calls in GRPO and evaluation; 0: none. Range: 0-1."})
     coldstart_retry_share: float = field(default=0.75, metadata={
@@ -107,10 +107,10 @@ class Arguments(MINIATURE_ENV):  # type: ignore[misc,valid-type]  # a dataclass 
     vocab_size: int = field(default=400, metadata={
         "help": "BPE vocabulary (digits stay single characters). Range: about 300 or more."})
     hidden_size: int = field(default=128, metadata={"help": "Model width; heads are 64 wide. Range: a multiple of 64."})
-    num_layers: int = field(default=2, metadata={"help": "Transformer layers. Range: 1 or more."})
+    num_layers: int = field(default=3, metadata={"help": "Transformer layers. Range: 1 or more."})
     num_kv_heads: int = field(default=2, metadata={"help": "Key/value heads. Range: a divisor of hidden_size / 64."})
     # cold-start SFT
-    sft_epochs: float = field(default=7.0, metadata={
+    sft_epochs: float = field(default=10.0, metadata={
         "help": "Epochs over the tool arm's cold start; the text arm takes as many steps. Range: more than 0."})
     sft_decay_share: float = field(default=0.0, metadata={
         "help": "Share of the SFT steps at the end over which the learning rate decays to 0 (a cosine); 0: "

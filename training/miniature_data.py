@@ -1,6 +1,6 @@
 """Problems and cold-start trajectories of the miniature ReTool run (`training/miniature.py`).
 
-Five levels, short enough for a ~0.38M-parameter model to read and write one character at a time: `easy` is tens
+Five levels, short enough for a ~0.54M-parameter model to read and write one character at a time: `easy` is tens
 plus units (`70 + 3`), 81 questions a model answers in its head, as people do; the four hard levels (`multiply`,
 `modpow`, `digitsum`, `compose`) have answers no tiny model can compute in its head, but one line of Python can.
 Numbers have a fixed width per level, so every question of a level has the same length. Hard test questions never
