@@ -13,6 +13,8 @@ import json
 import os
 import secrets
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -444,6 +446,35 @@ def test_the_problems_shipped_in_the_package_read_as_empty(sandbox):
     assert result.status == "ok", result
     assert '"answer"' not in result.output and result.stdout.splitlines()[-1] == "0", result.output
     assert all(f"{p} ''" in result.stdout for p in shipped)
+
+
+PROBE_PACKAGE_UNDER_TMP = """
+import json
+from retool_env.sandbox import LocalSandbox
+from retool_env.sandbox.forkserver import isolation
+shipped = isolation.package_datasets()
+code = "for path in %r:\\n    print(repr(open(path).read()))" % (shipped,)
+with LocalSandbox(timeout=4, memory_mb=256) as sb:
+    result = sb.run_sync(code)
+print(json.dumps({"shipped": shipped, "status": result.status, "output": result.output}))
+"""
+
+
+def test_the_problems_shipped_read_as_empty_when_the_package_lives_under_tmp(tmp_path):
+    """A checkout under /tmp (a CI clone, `mktemp -d`): each child binds the package back over its own /tmp, and
+    the problem files read as empty there as well."""
+    if not str(tmp_path).startswith("/tmp/"):
+        pytest.skip("pytest's temporary directory is not under /tmp")
+    checkout = tmp_path / "checkout"
+    shutil.copytree(Path(isolation.__file__).parents[2], checkout / "retool_env",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    done = subprocess.run([sys.executable, "-c", PROBE_PACKAGE_UNDER_TMP], cwd=checkout, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen["shipped"] and all(p.startswith(str(checkout)) for p in seen["shipped"]), seen
+    assert seen["status"] == "ok" and seen["output"].splitlines() == ["''"] * len(seen["shipped"]), seen
 
 
 def test_the_view_holds_only_the_allowlist(sandbox):

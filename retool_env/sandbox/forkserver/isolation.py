@@ -298,8 +298,11 @@ def build_view(read_only: list[str], writable: list[str], *, tmp_mb: int, shm_mb
             _bind(old + os.devnull, path, devices=True)  # reads as empty
     rebinds = [(f"{REBIND_DIR}/{i}", path) for i, path in enumerate(
         p for p in read_only if (p == "/tmp" or p.startswith("/tmp/")) and os.path.lexists(old + p))]
-    for copy, path in rebinds:  # each child's own /tmp covers the first
+    for copy, path in rebinds:  # each child's own /tmp covers the first, so the copy covers the problem files too
         _bind(old + path, copy)
+        for data in covered:
+            if data.startswith(path + "/") and os.path.isfile(old + data):
+                _bind(old + os.devnull, copy + data[len(path):], devices=True)
     for path in writable:
         _bind(old + path, path, writable=True)
     _tmpfs("/dev", "1m", 0o755, _MS_NOSUID)
