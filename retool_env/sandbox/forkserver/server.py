@@ -562,7 +562,7 @@ class Server:
     def _close(self, session: Session) -> None:
         session.status.close()
         session.reports.close()
-        confine.sweep(session.head.sid, session.head.group, wait=0)  # one pass: the zygote kills what is left
+        confine.sweep(session.head.sid, session.head.group, wait=0)  # one round: the zygote kills what is left
         self._discard(session.head)
 
     def _pause(self, session: Session) -> None:
