@@ -686,6 +686,51 @@ def test_a_session_over_its_share_is_the_one_closed_and_is_told():
     assert (again.stdout, again.note) == ("fresh\n", ""), again
 
 
+def test_a_call_group_holds_its_forks_during_a_sweep():
+    """`CallGroup.forks_held`, which the sweep runs inside: a process in the group cannot fork there, and can again
+    after, under the limit it had."""
+    from retool_env.sandbox.forkserver.cgroups import Delegation
+
+    delegation, why = Delegation.create()
+    if delegation is None:
+        pytest.skip(f"no cgroup here: {why}")
+    group = delegation.group("held")
+    try:
+        group.create(memory_mb=256, pids=16, cpus=1.0)
+        ask, answer = os.pipe(), os.pipe()
+        member = os.fork()
+        if member == 0:  # forks once per byte it reads, and writes back whether the fork worked
+            os.close(ask[1])
+            group.join()
+            while os.read(ask[0], 1):
+                try:
+                    child = os.fork()
+                except OSError:
+                    os.write(answer[1], b"n")
+                    continue
+                if child == 0:
+                    os._exit(0)
+                os.waitpid(child, 0)
+                os.write(answer[1], b"y")
+            os._exit(0)
+
+        os.close(ask[0])
+
+        def forks() -> bytes:
+            os.write(ask[1], b".")
+            return os.read(answer[0], 1)
+
+        assert forks() == b"y"
+        limit = f"{group.dirs[0 if group.version == 2 else 1]}/pids.max"
+        with group.forks_held():
+            assert forks() == b"n"
+        assert forks() == b"y" and Path(limit).read_text().strip() == "16"
+        os.close(ask[1])
+        os.waitpid(member, 0)
+    finally:
+        delegation.remove()
+
+
 def test_the_sweep_kills_a_chain_that_one_pass_misses(tmp_path):
     """The mechanism, on the host where forks are fast: processes in one session that fork as they exit. One pass
     over /proc often leaves some of them running; `confine.sweep` leaves none. Each link also stops at a flag the
