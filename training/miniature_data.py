@@ -76,10 +76,12 @@ def make_problems(per_level: int, seed: int, exclude: set[str] | frozenset[str] 
     for level in LEVELS:
         rng = random.Random(f"miniature:{seed}:{level}")
         made: list[Problem] = []
+        seen: set[str] = set()
         while len(made) < per_level:
             question, answer, code = MAKERS[level](rng)
-            if level != "easy" and (question in exclude or any(p.question == question for p in made)):
+            if level != "easy" and (question in exclude or question in seen):
                 continue
+            seen.add(question)
             made.append(Problem(question, answer, f"mini-{level}-{seed}-{len(made)}", "miniature", level,
                                 {"needs_code": level != "easy", "code": code}))
         problems += made
@@ -110,17 +112,23 @@ def _bug(code: str, rng: random.Random) -> str:
     return code.replace("print", "prnt", 1) if rng.random() < 0.5 else code[:-1]
 
 
-def run_codes(codes: Sequence[str], timeout: float = 5.0) -> list[str]:
-    """What the interpreter shows for each code, run in the project's local sandbox (as the environment runs it)."""
+def run_codes(codes: Sequence[str], timeout: float = 5.0, concurrency: int = 16) -> list[str]:
+    """What the interpreter shows for each code, run in the project's local sandbox (as the environment runs it),
+    `concurrency` calls at a time (thousands at once queue up in the sandbox and slow every call)."""
     from retool_env.sandbox import make_sandbox
 
     async def run_all() -> list[str]:
         sandbox = make_sandbox("local")
+        slots = asyncio.Semaphore(concurrency)
+
+        async def run(code: str) -> str:
+            async with slots:
+                return (await sandbox.run(code, timeout=timeout)).output
+
         try:
-            results = await asyncio.gather(*(sandbox.run(code, timeout=timeout) for code in codes))
+            return await asyncio.gather(*(run(code) for code in codes))
         finally:
             await sandbox.aclose()
-        return [r.output for r in results]
 
     return asyncio.run(run_all())
 
