@@ -78,7 +78,7 @@ def test_miniature_smoke_writes_run_folder(smoke_run):
 
     # The cold start of the tool arm holds every kind of solution; the text arm's only tool-free ones.
     kinds = {r["arm"]: r["kinds"] for r in records if r["event"] == "coldstart"}
-    assert set(kinds["tool"]) == {"text", "code", "self_correct", "retry", "retry_again", "give_up"}
+    assert set(kinds["tool"]) == {"text", "code", "self_correct", "retry", "retry_again", "give_up", "drill"}
     assert set(kinds["text"]) == {"text"}
     rows = [json.loads(line) for line in (out / "seed0" / "tool" / "coldstart.jsonl").read_text().splitlines()]
     fixed = [r["messages"][1]["content"] for r in rows if "Fix the typo." in r["messages"][1]["content"]]
@@ -426,6 +426,20 @@ def test_coldstart_retries_are_refused_again_as_often_as_asked():
     assert {k for k, a in zip(once, again, strict=True) if a == "retry_again"} == {"retry"}
     share = again.count("retry_again") / once.count("retry")
     assert 0.12 < share < 0.28, share
+
+
+def test_copy_drills_vary_in_width_and_never_hold_a_test_question():
+    sys.path.insert(0, str(ROOT / "training"))
+    from training.miniature_data import make_drills
+
+    drills = make_drills(300, seed=0)
+    assert len({p.question for p in drills}) > 250 and {p.level for p in drills} == {"drill"}
+    for p in drills:  # the answer is what the code prints
+        a, b = map(int, re.fullmatch(r"What is (\d+) \* (\d+)\?", p.question).groups())
+        assert p.answer == str(a * b) and p.metadata["code"] == f"print({a}*{b})"
+    assert {len(p.answer) for p in drills} == set(range(1, 8))  # one to seven digits: only a copy writes them
+    held_out = {p.question for p in drills[:50]}  # as if these were the test set's questions
+    assert not held_out & {p.question for p in make_drills(300, seed=0, exclude=held_out)}
 
 
 def test_a_third_call_in_the_cold_start_needs_three_calls(tmp_path):

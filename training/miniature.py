@@ -94,6 +94,10 @@ class Arguments(MINIATURE_ENV):  # type: ignore[misc,valid-type]  # a dataclass 
     self_correct_share: float = field(default=0.15, metadata={
         "help": "Cold start: share whose first code has a typo, read from the interpreter's error and fixed. "
         "Range: 0-1, with the text share at most 1."})
+    copy_drills: int = field(default=1000, metadata={
+        "help": "Cold start of the tool arm: this many copy drills added (products of numbers of random widths, "
+        "solved with code, never in RL or evaluation), so that copying the interpreter's digits forms on every "
+        "seed; 0: none. Range: 0 or more."})
     coldstart_fault_share: float = field(default=0.5, metadata={
         "help": "Cold start: share of the plain code solutions whose first call is refused, as --fault_rate "
         "refuses calls in GRPO and evaluation; 0: none. Range: 0-1."})
@@ -154,6 +158,7 @@ class Arguments(MINIATURE_ENV):  # type: ignore[misc,valid-type]  # a dataclass 
         process start."""
         self.train_per_level, self.test_per_level = 24, 2
         self.num_layers, self.sft_epochs, self.rl_steps, self.rl_prompts_per_step = 2, 1.0, 2, 2
+        self.copy_drills = 24
         self.num_generations, self.eval_samples, self.eval_every = 4, 2, 1
 
 
@@ -200,8 +205,9 @@ def run_sft(args: Arguments, arm: str, model_dir: Path, data: Path, out: Path, s
     config = {
         "dataset": str(data), **env, "max_tool_calls": args.max_tool_calls,  # the tool arm's budget (its data)
         "fault_rate": 0.0,  # the cold start's refusals are recorded in it; replay injects none of its own
-        "model_name_or_path": str(model_dir), "dtype": "float32", "attn_implementation": "eager",
-        "output_dir": str(out), "use_cpu": True, "bf16": False, "seed": seed,
+        "model_name_or_path": str(model_dir), "dtype": "float32", "output_dir": str(out), "seed": seed,
+        "attn_implementation": "sdpa",  # the same losses as eager here, and faster on rows padded to 130 tokens
+        "use_cpu": True, "bf16": False,
         "max_steps": steps, "per_device_train_batch_size": args.sft_batch_size,
         "learning_rate": args.sft_learning_rate, "warmup_steps": 10, **sft_schedule(args, steps),
         "max_length": 256, "gradient_checkpointing": False,  # on by default in TRL; a tiny model only pays for it
@@ -217,7 +223,7 @@ def run_grpo(args: Arguments, arm: str, model_dir: Path, problems: Path, out: Pa
     env = env_settings(args, arm, seed)
     config = {
         "dataset": str(problems), **env,
-        "model_name_or_path": str(model_dir), "dtype": "float32", "attn_implementation": "eager",
+        "model_name_or_path": str(model_dir), "dtype": "float32", "attn_implementation": "sdpa",
         "output_dir": str(out), "use_cpu": True, "bf16": False, "gradient_checkpointing": False, "seed": seed,
         "max_steps": args.rl_steps, "per_device_train_batch_size": args.rl_prompts_per_step * args.num_generations,
         "num_generations": args.num_generations, "max_completion_length": env.max_completion_tokens,
@@ -354,7 +360,7 @@ def run_arm(args: Arguments, seed: int, arm: str, arm_dir: Path, init_dir: Path,
             test: list, log) -> tuple[dict, list[dict], list[dict]]:
     """Cold start, SFT, GRPO and held-out evaluations of one arm: (rows per stage, RL training curve, held-out
     evaluations against RL steps: after SFT, every `eval_every` steps, after RL)."""
-    from miniature_data import coldstart_kinds, write_coldstart
+    from miniature_data import coldstart_kinds, make_drills, write_coldstart
 
     shutil.rmtree(arm_dir, ignore_errors=True)  # a rerun into the same folder must not evaluate stale checkpoints
     arm_dir.mkdir()
@@ -362,6 +368,9 @@ def run_arm(args: Arguments, seed: int, arm: str, arm_dir: Path, init_dir: Path,
               "hard": (args.text_share_hard, args.self_correct_share)}
     problems, kinds = train, coldstart_kinds(train, shares, seed, args.coldstart_fault_share,
                                              args.coldstart_retry_share, args.coldstart_again_share)
+    if arm == "tool" and args.copy_drills:  # the copy skill, drilled where the task uses it
+        drills = make_drills(args.copy_drills, seed, exclude={p.question for p in test})
+        problems, kinds = problems + drills, kinds + ["drill"] * len(drills)
     if arm == "text":  # the same cold start without the solutions that use code
         kept = [(p, k) for p, k in zip(train, kinds, strict=True) if k == "text"]
         problems, kinds = [p for p, _ in kept], [k for _, k in kept]

@@ -15,6 +15,12 @@ typo, the error is read, the code is fixed), and two where the first call is ref
 again, copied from the block right above the refusal, then the answer), `retry_again` (that retry refused as well,
 then a third call), and `give_up` (an answer straight after the refusal: a guess). The cold start shows the retry on
 only part of the refusals, so that learning when it pays is left to RL.
+
+The tool arm's cold start also holds copy drills (`drill`: products of numbers of random widths, solved with code;
+never in RL or evaluation). Everything RL builds on needs the model to copy the interpreter's digits into its answer.
+On the task's rows alone, a model this small learnt that copy on some seeds only: each level's answers have a fixed
+width and can be partly learnt from the question, so many seeds learnt to copy the first digit and guess the rest.
+A drill's digits and width vary, so its answer can only be copied.
 """
 
 from __future__ import annotations
@@ -64,6 +70,26 @@ def _digitsum(rng: random.Random) -> tuple[str, str, str]:
 def _compose(rng: random.Random) -> tuple[str, str, str]:
     a, b, m = _digits(rng, 3), _digits(rng, 2), _digits(rng, 2)
     return f"What is {a} * {b} mod {m}?", str(a * b % m), f"print({a}*{b}%{m})"
+
+
+def _drill(rng: random.Random) -> tuple[str, str, str]:
+    """A product of numbers of random widths (1-4 and 1-3 digits): its digits and its width vary from row to row, so
+    the only way to write the answer is to copy the interpreter's output, digit by digit."""
+    a, b = _digits(rng, rng.randint(1, 4)), _digits(rng, rng.randint(1, 3))
+    return f"What is {a} * {b}?", str(a * b), f"print({a}*{b})"
+
+
+def make_drills(n: int, seed: int, exclude: set[str] | frozenset[str] = frozenset()) -> list[Problem]:
+    """Copy drills, for the tool arm's cold start only (never in RL or evaluation): `n` products of random widths,
+    none of them a question in `exclude` (the test set)."""
+    rng = random.Random(f"miniature:{seed}:drill")
+    made: list[Problem] = []
+    while len(made) < n:
+        question, answer, code = _drill(rng)
+        if question not in exclude:
+            made.append(Problem(question, answer, f"mini-drill-{seed}-{len(made)}", "miniature", "drill",
+                                {"needs_code": True, "code": code}))
+    return made
 
 
 MAKERS: dict[str, Callable[[random.Random], tuple[str, str, str]]] = {
@@ -159,7 +185,8 @@ def write_coldstart(problems: Sequence[Problem], kinds: Sequence[str], path: Pat
     plans = []  # per problem: the code blocks written, each with whether the call is refused before it runs
     for p, kind in zip(problems, kinds, strict=True):
         code = p.metadata["code"]
-        plans.append({"text": [], "code": [(code, False)], "self_correct": [(_bug(code, rng), False), (code, False)],
+        plans.append({"text": [], "code": [(code, False)], "drill": [(code, False)],
+                      "self_correct": [(_bug(code, rng), False), (code, False)],
                       "retry": [(code, True), (code, False)],
                       "retry_again": [(code, True), (code, True), (code, False)],
                       "give_up": [(code, True)]}[kind])
