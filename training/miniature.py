@@ -43,7 +43,7 @@ import shutil
 import subprocess
 import sys
 import time
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -285,8 +285,10 @@ def rl_curve(grpo_dir: Path) -> list[dict]:
 
 
 def checkpoints(grpo_dir: Path, before: int) -> list[tuple[int, Path]]:
-    """(step, folder) of the GRPO checkpoints saved before the last step, in order."""
-    found = [(int(d.name.split("-")[1]), d) for d in grpo_dir.glob("checkpoint-*") if d.is_dir()]
+    """(step, folder) of the GRPO checkpoints saved whole before the last step, in order: the Trainer writes a
+    checkpoint's trainer_state.json after its weights."""
+    found = [(int(d.name.split("-")[1]), d) for d in grpo_dir.glob("checkpoint-*")
+             if (d / "trainer_state.json").exists()]
     return sorted((step, d) for step, d in found if step < before)
 
 
@@ -411,17 +413,26 @@ def run_arm(args: Arguments, seed: int, arm: str, arm_dir: Path, init_dir: Path,
         after_sft = start_eval("after_sft", sft_dir)
         print(f"\n== seed {seed} / {arm}: GRPO ({args.rl_steps} steps) ==", flush=True)
         t0 = time.time()
-        grpo_dir = run_grpo(args, arm, sft_dir, train_path, arm_dir / "grpo", seed)
+        during: dict[int, Future] = {}  # each checkpoint evaluated as soon as it is saved, beside the training
+        with ThreadPoolExecutor(1) as runner:
+            grpo_run = runner.submit(run_grpo, args, arm, sft_dir, train_path, arm_dir / "grpo", seed)
+            while True:
+                done = grpo_run.done()  # seen before the listing, so the last listing holds every checkpoint
+                for step, checkpoint in checkpoints(arm_dir / "grpo", before=args.rl_steps):
+                    if step not in during:
+                        during[step] = start_eval(f"rl_step{step}", checkpoint)
+                if done:
+                    break
+                time.sleep(1.0)
+            grpo_dir = grpo_run.result()
         train_s = time.time() - t0
         stages["after_sft"] = logged("after_sft", after_sft, sft_s, step=0)
         curve = rl_curve(grpo_dir)
         for point in curve:
             log({"seed": seed, "arm": arm, "event": "rl_step", **point})
-        during = [(step, start_eval(f"rl_step{step}", checkpoint))
-                  for step, checkpoint in checkpoints(grpo_dir, before=args.rl_steps)]
         after_rl = start_eval("after_rl", grpo_dir)
         heldout = [{"step": 0, "levels": stages["after_sft"]}]
-        for step, evaluation in during:
+        for step, evaluation in sorted(during.items()):
             heldout.append({"step": step, "levels": logged(f"rl_step{step}", evaluation, step=step)})
         stages["after_rl"] = logged("after_rl", after_rl, train_s, step=args.rl_steps)
     finally:
