@@ -78,9 +78,15 @@ def test_miniature_smoke_writes_run_folder(smoke_run):
 
     # The cold start of the tool arm holds every kind of solution; the text arm's only tool-free ones.
     kinds = {r["arm"]: r["kinds"] for r in records if r["event"] == "coldstart"}
-    assert set(kinds["tool"]) == {"text", "code", "self_correct", "retry", "retry_again", "give_up", "drill"}
+    assert set(kinds["tool"]) == {"text", "code", "self_correct", "retry", "retry_again", "give_up"}
     assert set(kinds["text"]) == {"text"}
+    # The tool arm's copy drills are code solutions, some refused and retried as the task's are; never the text arm's.
+    drilled = {r["arm"]: r["copy_drills"] for r in records if r["event"] == "coldstart"}
+    assert drilled == {"tool": 24, "text": 0}
     rows = [json.loads(line) for line in (out / "seed0" / "tool" / "coldstart.jsonl").read_text().splitlines()]
+    drill_rows = [r["messages"][1]["content"] for r in rows if r["id"].startswith("mini-drill-")]
+    assert len(drill_rows) == 24 and all("<code>" in text for text in drill_rows)
+    assert any(FAULT_MESSAGE in text for text in drill_rows)
     fixed = [r["messages"][1]["content"] for r in rows if "Fix the typo." in r["messages"][1]["content"]]
     assert fixed and all("Error" in text for text in fixed)  # the interpreter's real error precedes every fix
     retried = [r["messages"][1]["content"] for r in rows if "Retry." in r["messages"][1]["content"]]

@@ -96,8 +96,8 @@ class Arguments(MINIATURE_ENV):  # type: ignore[misc,valid-type]  # a dataclass 
         "Range: 0-1, with the text share at most 1."})
     copy_drills: int = field(default=1000, metadata={
         "help": "Cold start of the tool arm: this many copy drills added (products of numbers of random widths, "
-        "solved with code, never in RL or evaluation), so that copying the interpreter's digits forms on every "
-        "seed; 0: none. Range: 0 or more."})
+        "solved with code and refused as often as the other code solutions; never in RL or evaluation), so that "
+        "copying digits forms on every seed; 0: none. Range: 0 or more."})
     coldstart_fault_share: float = field(default=0.5, metadata={
         "help": "Cold start: share of the plain code solutions whose first call is refused, as --fault_rate "
         "refuses calls in GRPO and evaluation; 0: none. Range: 0-1."})
@@ -372,13 +372,16 @@ def run_arm(args: Arguments, seed: int, arm: str, arm_dir: Path, init_dir: Path,
                                              args.coldstart_retry_share, args.coldstart_again_share)
     if arm == "tool" and args.copy_drills:  # the copy skill, drilled where the task uses it
         drills = make_drills(args.copy_drills, seed, exclude={p.question for p in test})
-        problems, kinds = problems + drills, kinds + ["drill"] * len(drills)
+        problems, kinds = problems + drills, kinds + coldstart_kinds(  # code solutions, refused as often as the rest
+            drills, {"easy": (0.0, 0.0), "hard": (0.0, 0.0)}, seed, args.coldstart_fault_share,
+            args.coldstart_retry_share, args.coldstart_again_share)
     if arm == "text":  # the same cold start without the solutions that use code
         kept = [(p, k) for p, k in zip(train, kinds, strict=True) if k == "text"]
         problems, kinds = [p for p, _ in kept], [k for _, k in kept]
     print(f"\n== seed {seed} / {arm}: cold-start data (code runs in the sandbox) ==", flush=True)
     counts = write_coldstart(problems, kinds, arm_dir / "coldstart.jsonl", seed)
-    log({"seed": seed, "arm": arm, "event": "coldstart", "kinds": counts})
+    drilled = sum(p.level == "drill" for p in problems)
+    log({"seed": seed, "arm": arm, "event": "coldstart", "kinds": counts, "copy_drills": drilled})
 
     # Evaluations run in processes of their own when asked (`eval_processes`), beside the training that does not
     # need them: before SFT while SFT trains, after SFT while GRPO trains, the checkpoints' side by side.

@@ -16,10 +16,11 @@ again, copied from the block right above the refusal, then the answer), `retry_a
 then a third call), and `give_up` (an answer straight after the refusal: a guess). The cold start shows the retry on
 only part of the refusals, so that learning when it pays is left to RL.
 
-The tool arm's cold start also holds copy drills (`drill`: products of numbers of random widths, solved with code;
-never in RL or evaluation). Everything RL builds on needs the model to copy the interpreter's digits into its answer.
-On the task's rows alone, a model this small learnt that copy on some seeds only: each level's answers have a fixed
-width and can be partly learnt from the question, so many seeds learnt to copy the first digit and guess the rest.
+The tool arm's cold start also holds copy drills: products of numbers of random widths, never in RL or evaluation,
+solved with code as the task's code solutions are (the same share refused, then retried or given up). Everything RL
+builds on needs the model to copy digits: from the question into the code, from the interpreter into the answer. On
+the task's rows alone, a model this small learnt that copy on some seeds only: each level's answers have a fixed
+width and can be partly learnt from the question, so some seeds learnt to copy the first digit and guess the rest.
 A drill's digits and width vary, so its answer can only be copied.
 """
 
