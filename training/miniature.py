@@ -206,7 +206,7 @@ def run_sft(args: Arguments, arm: str, model_dir: Path, data: Path, out: Path, s
         "dataset": str(data), **env, "max_tool_calls": args.max_tool_calls,  # the tool arm's budget (its data)
         "fault_rate": 0.0,  # the cold start's refusals are recorded in it; replay injects none of its own
         "model_name_or_path": str(model_dir), "dtype": "float32", "output_dir": str(out), "seed": seed,
-        "attn_implementation": "sdpa",  # the same losses as eager here, and faster on rows padded to 130 tokens
+        "attn_implementation": "sdpa",  # eager's losses to within 0.02 here (BENCHMARKS.md)
         "use_cpu": True, "bf16": False,
         "max_steps": steps, "per_device_train_batch_size": args.sft_batch_size,
         "learning_rate": args.sft_learning_rate, "warmup_steps": 10, **sft_schedule(args, steps),
