@@ -16,7 +16,7 @@ model this small reaches long before its samples are reliable. Two arms share mo
   unanswered). Both arms see the same `plain` prompt, which mentions no tool: at this scale a model cannot read
   instructions, and what it knows of the tool comes from its cold start.
 
-    bash scripts/miniature.sh                  # one seed, both arms (about 18 minutes on 2 cores)
+    bash scripts/miniature.sh                  # one seed, both arms (about 15 minutes on 2 cores)
     bash scripts/miniature.sh --seeds 3        # mean and spread over three seeds
     bash scripts/miniature.sh --seed_list 0 1 2 --out runs/sweep  # these seeds; the same command resumes
     bash scripts/miniature.sh --smoke          # the pipeline end to end in about a minute (CI)
