@@ -518,3 +518,16 @@ def test_accuracy_when_the_tool_is_called_has_a_binomial_standard_error_over_tho
     assert rows["all"]["accuracy_with_tool_stderr"] == pytest.approx(math.sqrt(0.8 * 0.2 / 50))  # 50 responses called
     assert rows["multiply"]["accuracy_with_tool_stderr"] == pytest.approx(math.sqrt(0.7 * 0.3 / 100))
     assert rows["easy"]["accuracy_with_tool_stderr"] is None  # no call: no accuracy, no error
+
+
+def test_checkpoints_lists_only_checkpoints_saved_whole_before_the_last_step(tmp_path):
+    """Checkpoints are evaluated while GRPO still trains: one whose trainer_state.json (written after its weights) is
+    not there yet is still being saved."""
+    sys.path.insert(0, str(ROOT / "training"))
+    from training.miniature import checkpoints
+
+    for step, whole in ((30, True), (60, False), (90, True), (120, True)):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        if whole:
+            (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+    assert checkpoints(tmp_path, before=120) == [(30, tmp_path / "checkpoint-30"), (90, tmp_path / "checkpoint-90")]
