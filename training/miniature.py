@@ -220,7 +220,7 @@ def run_sft(args: Arguments, arm: str, model_dir: Path, data: Path, out: Path, s
         "logging_steps": 10, "save_strategy": "no", "report_to": "none",
     }
     yaml_path = write_yaml(out.parent / "sft.yaml", config)
-    launch = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)] if processes > 1 else []
+    launch = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"] if processes > 1 else []
     run_logged([sys.executable, *launch, "training/sft_trl.py", "--config", str(yaml_path)], out.parent / "sft.log")
     return out
 
