@@ -433,6 +433,8 @@ def run_arm(args: Arguments, seed: int, arm: str, arm_dir: Path, init_dir: Path,
         if tool_sft_done is not None and arm == "tool":
             tool_sft_done.set()
         sft_s = time.time() - t0
+        log({"seed": seed, "arm": arm, "event": "sft", "steps": steps,
+             "processes": args.sft_processes if arm == "tool" else 1, "train_seconds": round(sft_s, 1)})
         stages = {"before_sft": logged("before_sft", before_sft)}
         after_sft = start_eval("after_sft", sft_dir)
         print(f"\n== seed {seed} / {arm}: GRPO ({args.rl_steps} steps) ==", flush=True)
