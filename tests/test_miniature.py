@@ -197,36 +197,6 @@ def test_an_arm_beside_another_and_its_evaluations_gives_the_metrics_of_the_arm_
     text_starts = next(r["time_s"] for r in records if r.get("arm") == "text")  # its cold start
     tool_ends = next(r["time_s"] for r in records if r.get("arm") == "tool" and r.get("stage") == "after_rl")
     assert text_starts < tool_ends  # side by side, each record keeping the time it was made at
-    # The tool arm's SFT runs in two data-parallel processes, each half of every batch; the text arm's, in one
-    # process, starts once it has ended (a record is written as its stage ends).
-    sft = {r["arm"]: r for r in records if r["event"] == "sft"}
-    assert (sft["tool"]["processes"], sft["text"]["processes"]) == (2, 1)
-    assert sft["text"]["time_s"] - sft["text"]["train_seconds"] >= sft["tool"]["time_s"] - 0.2  # times to 0.1 s
-    batch = {arm: yaml.safe_load((smoke_run / "seed0" / arm / "sft.yaml").read_text())["per_device_train_batch_size"]
-             for arm in ("tool", "text")}
-    assert batch == {"tool": 8, "text": 16}
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)  # two short SFT runs: about 40 s on 2 cores
-def test_sft_in_two_processes_trains_on_the_batches_one_process_does(smoke_run, tmp_path):
-    """The tool arm's SFT config run in one process (16 rows a step) and in two (torchrun, 8 rows each): every
-    step's loss, over all 16 rows, agrees to rounding, so the processes split each batch rather than each taking
-    batches of their own."""
-    config = yaml.safe_load((smoke_run / "seed0" / "tool" / "sft.yaml").read_text())
-    losses = {}
-    for processes in (1, 2):
-        run = {**config, "output_dir": str(tmp_path / f"sft{processes}"), "max_steps": 4, "logging_steps": 1,
-               "per_device_train_batch_size": 16 // processes}
-        path = tmp_path / f"sft{processes}.yaml"
-        path.write_text(yaml.safe_dump(run))
-        launch = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"] if processes == 2 else []
-        subprocess.run([sys.executable, *launch, "training/sft_trl.py", "--config", str(path)], cwd=ROOT, env=ENV,
-                       check=True, timeout=240, capture_output=True)
-        history = json.loads((tmp_path / f"sft{processes}" / "trainer_state.json").read_text())["log_history"]
-        losses[processes] = [h["loss"] for h in history if "loss" in h]
-    assert len(losses[1]) == 4
-    assert losses[2] == pytest.approx(losses[1], rel=1e-4)
 
 
 @pytest.mark.slow

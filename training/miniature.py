@@ -120,10 +120,6 @@ class Arguments(MINIATURE_ENV):  # type: ignore[misc,valid-type]  # a dataclass 
         "help": "Share of the SFT steps at the end over which the learning rate decays to 0 (a cosine); 0: "
         "constant after the warm-up. Range: 0-1."})
     sft_batch_size: int = field(default=16, metadata={"help": "SFT batch size. Range: 1 or more."})
-    sft_processes: int = field(default=2, metadata={
-        "help": "Data-parallel processes of the tool arm's SFT (torchrun): each batch split between them, as across "
-        "GPUs; the text arm's SFT waits for it, then runs in one process beside the tool arm's GRPO. Range: 1 or "
-        "more, a divisor of --sft_batch_size."})
     sft_learning_rate: float = field(default=1e-3, metadata={
         "help": "SFT learning rate, after 10 warm-up steps. Range: more than 0."})
     # GRPO
@@ -204,24 +200,21 @@ def sft_schedule(args: Arguments, steps: int) -> dict:
 
 
 def run_sft(args: Arguments, arm: str, model_dir: Path, data: Path, out: Path, seed: int, steps: int) -> Path:
-    """Cold-start SFT with training/sft_trl.py: solutions replayed through the environment, interpreter masked. The
-    tool arm's runs in `sft_processes` data-parallel processes (DDP over gloo): the same batches, each split."""
+    """Cold-start SFT with training/sft_trl.py: solutions replayed through the environment, interpreter masked."""
     env = env_settings(args, arm, seed)
-    processes = args.sft_processes if arm == "tool" else 1
     config = {
         "dataset": str(data), **env, "max_tool_calls": args.max_tool_calls,  # the tool arm's budget (its data)
         "fault_rate": 0.0,  # the cold start's refusals are recorded in it; replay injects none of its own
         "model_name_or_path": str(model_dir), "dtype": "float32", "output_dir": str(out), "seed": seed,
         "attn_implementation": "sdpa",  # eager's losses to within 0.02 here (BENCHMARKS.md)
         "use_cpu": True, "bf16": False,
-        "max_steps": steps, "per_device_train_batch_size": args.sft_batch_size // processes,
+        "max_steps": steps, "per_device_train_batch_size": args.sft_batch_size,
         "learning_rate": args.sft_learning_rate, "warmup_steps": 10, **sft_schedule(args, steps),
         "max_length": 256, "gradient_checkpointing": False,  # on by default in TRL; a tiny model only pays for it
         "logging_steps": 10, "save_strategy": "no", "report_to": "none",
     }
     yaml_path = write_yaml(out.parent / "sft.yaml", config)
-    launch = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"] if processes > 1 else []
-    run_logged([sys.executable, *launch, "training/sft_trl.py", "--config", str(yaml_path)], out.parent / "sft.log")
+    run_logged([sys.executable, "training/sft_trl.py", "--config", str(yaml_path)], out.parent / "sft.log")
     return out
 
 
@@ -332,12 +325,9 @@ def run_seed(args: Arguments, seed: int, out: Path, log, start: float) -> dict:
     if args.parallel_arms and len(arms) > 1:
         # One process per arm (spawned: no forked torch or sandbox state); each returns its log records, written here
         # in the order a sequential run writes them, with the times they were made at.
-        # The tool arm's SFT takes every core (`sft_processes`): the text arm's waits for it.
-        context = multiprocessing.get_context("spawn")
-        with context.Manager() as manager, ProcessPoolExecutor(len(arms), mp_context=context) as pool:
-            tool_sft_done = manager.Event() if "tool" in arms and args.sft_processes > 1 else None
+        with ProcessPoolExecutor(len(arms), mp_context=multiprocessing.get_context("spawn")) as pool:
             futures = [pool.submit(run_arm_process, args, seed, arm, seed_dir / arm, init_dir, train, train_path,
-                                   test, start, tool_sft_done=tool_sft_done) for arm in arms]
+                                   test, start) for arm in arms]
             outcomes = [future.result() for future in futures]
     else:
         outcomes = [run_arm_process(args, seed, arm, seed_dir / arm, init_dir, train, train_path, test, start,
@@ -350,8 +340,7 @@ def run_seed(args: Arguments, seed: int, out: Path, log, start: float) -> dict:
 
 
 def run_arm_process(args: Arguments, seed: int, arm: str, arm_dir: Path, init_dir: Path, train: list,
-                    train_path: Path, test: list, start: float, log=None,
-                    tool_sft_done=None) -> tuple[tuple, list[dict]]:
+                    train_path: Path, test: list, start: float, log=None) -> tuple[tuple, list[dict]]:
     """`run_arm`, its log records kept with their times (seconds since `start`) and returned, or written at once to
     `log` when one is given (a run without a process per arm)."""
     import torch
@@ -366,19 +355,13 @@ def run_arm_process(args: Arguments, seed: int, arm: str, arm_dir: Path, init_di
         else:
             log(record)
 
-    try:
-        return run_arm(args, seed, arm, arm_dir, init_dir, train, train_path, test, keep, tool_sft_done), records
-    finally:
-        if tool_sft_done is not None and arm == "tool":  # also when it failed: the text arm must not wait forever
-            tool_sft_done.set()
+    return run_arm(args, seed, arm, arm_dir, init_dir, train, train_path, test, keep), records
 
 
 def run_arm(args: Arguments, seed: int, arm: str, arm_dir: Path, init_dir: Path, train: list, train_path: Path,
-            test: list, log, tool_sft_done=None) -> tuple[dict, list[dict], list[dict]]:
+            test: list, log) -> tuple[dict, list[dict], list[dict]]:
     """Cold start, SFT, GRPO and held-out evaluations of one arm: (rows per stage, RL training curve, held-out
-    evaluations against RL steps: after SFT, every `eval_every` steps, after RL). `tool_sft_done`, an event shared
-    by the arms run side by side: the tool arm sets it when its SFT ends (or fails), the text arm waits for it before
-    its own."""
+    evaluations against RL steps: after SFT, every `eval_every` steps, after RL)."""
     from miniature_data import coldstart_kinds, make_drills, write_coldstart
 
     shutil.rmtree(arm_dir, ignore_errors=True)  # a rerun into the same folder must not evaluate stale checkpoints
@@ -423,18 +406,12 @@ def run_arm(args: Arguments, seed: int, arm: str, arm_dir: Path, init_dir: Path,
 
     try:
         before_sft = start_eval("before_sft", init_dir)
-        if tool_sft_done is not None and arm != "tool":
-            tool_sft_done.wait()
         print(f"\n== seed {seed} / {arm}: cold-start SFT ==", flush=True)
         t0 = time.time()
         # Both arms take the same number of SFT steps: `sft_epochs` over the tool arm's (larger) cold start.
         steps = math.ceil(args.sft_epochs * len(train) / args.sft_batch_size)
         sft_dir = run_sft(args, arm, init_dir, arm_dir / "coldstart.jsonl", arm_dir / "sft", seed, steps)
-        if tool_sft_done is not None and arm == "tool":
-            tool_sft_done.set()
         sft_s = time.time() - t0
-        log({"seed": seed, "arm": arm, "event": "sft", "steps": steps,
-             "processes": args.sft_processes if arm == "tool" else 1, "train_seconds": round(sft_s, 1)})
         stages = {"before_sft": logged("before_sft", before_sft)}
         after_sft = start_eval("after_sft", sft_dir)
         print(f"\n== seed {seed} / {arm}: GRPO ({args.rl_steps} steps) ==", flush=True)
@@ -521,9 +498,6 @@ def main(args: Arguments) -> Path:
     if args.coldstart_fault_share and args.coldstart_again_share and args.max_tool_calls < 3:
         raise ValueError(f"--coldstart_again_share {args.coldstart_again_share} shows a third call: it needs "
                          f"--max_tool_calls 3 or more (got {args.max_tool_calls}), or --coldstart_again_share 0")
-    if args.sft_processes < 1 or args.sft_batch_size % args.sft_processes:
-        raise ValueError(f"--sft_processes {args.sft_processes} must divide --sft_batch_size {args.sft_batch_size}: "
-                         f"each process takes an equal share of a batch")
     out = Path(args.out or ROOT / "runs" / f"miniature-{time.strftime('%Y%m%d-%H%M%S')}")
     seeds = seed_list(args)
     finished = {seed: finished_seed(args, out, seed) for seed in seeds}  # refused before anything runs
