@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ReTool in miniature, the main job: tokenizer + tiny Qwen2 built offline, cold-start SFT, GRPO through
 # `accelerate launch training/grpo_trl.py`, held-out evaluation per level, for a tool arm and a text-only arm.
-#   bash scripts/miniature.sh            # one seed, both arms (about 10 minutes on 2 CPU cores)
+#   bash scripts/miniature.sh            # one seed, both arms (about 15 minutes on 2 CPU cores)
 #   bash scripts/miniature.sh --seeds 3  # mean and spread over three seeds
 #   bash scripts/miniature.sh --seed_list 0 1 2 --out runs/sweep  # these seeds; the same command resumes
 #   bash scripts/miniature.sh --smoke    # end to end in about a minute
