@@ -186,7 +186,7 @@ def write_coldstart(problems: Sequence[Problem], kinds: Sequence[str], path: Pat
     plans = []  # per problem: the code blocks written, each with whether the call is refused before it runs
     for p, kind in zip(problems, kinds, strict=True):
         code = p.metadata["code"]
-        plans.append({"text": [], "code": [(code, False)], "drill": [(code, False)],
+        plans.append({"text": [], "code": [(code, False)],
                       "self_correct": [(_bug(code, rng), False), (code, False)],
                       "retry": [(code, True), (code, False)],
                       "retry_again": [(code, True), (code, True), (code, False)],
